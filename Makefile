@@ -1,0 +1,46 @@
+# tierfs: two commands from a fresh Debian machine (as root) to a running mount
+# or a green test suite. Everything below installs only what is missing.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+SYSPKGS := fuse3 libfuse3-dev pkg-config
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint docs sysdeps venv clean
+
+run: $(STAMP)
+	$(VENV)/bin/tierfs demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# Regenerate the options table in docs/options.md from the schema.
+docs: $(STAMP)
+	$(PY) -m mount_options.docs > docs/options.md
+
+sysdeps:
+	@missing=""; \
+	for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v python3 >/dev/null || missing="$$missing python3"; \
+	python3 -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
+	python3 -c 'import sysconfig,os,sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || missing="$$missing python3-dev"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml | sysdeps
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,192 @@
+"""The frozen configuration every input form resolves into.
+
+Each input form (CLI flags, ``-o``/fstab strings, CSI mount options and
+volume attributes, the YAML config file) produces a list of `Assignment`s:
+"this option got this value from that source". `resolve` applies them in
+gcsfuse's precedence, then hands the result to `derive` for the values that
+follow from others, and returns a `Config`.
+
+Precedence (gcsfuse ``cmd/root.go``): a flag beats the config file, which
+beats the built-in default. The CSI colon form (``metadata-cache:ttl-secs:-1``)
+is how gcsfuse's CSI driver writes a config file, so it ranks with the config
+file; the flag form of a mount option (``implicit-dirs``, ``uid=1001``) ranks
+with flags. Within one rank, the later assignment wins.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from mount_options import derive
+from mount_options.errors import OptionError
+from mount_options.schema import INDEX, SCHEMA, Option
+
+DEFAULT = "default"
+CONFIG_FILE = "config-file"
+FLAG = "flag"
+MOUNT_OPTION = "mount-option"
+CSI_ATTRIBUTE = "csi-attribute"
+SOURCES = (DEFAULT, CONFIG_FILE, FLAG, MOUNT_OPTION, CSI_ATTRIBUTE)
+
+# Rank of an assignment: higher wins regardless of order.
+FUSE_OPTIONS = "file-system:fuse-options"
+FILE_RANK = 1
+FLAG_RANK = 2
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One option set to one typed value by one source."""
+
+    path: str
+    value: Any
+    source: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The effective value of one option and where it came from."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class Section:
+    """Attribute access to one section: ``config.section('metadata-cache').ttl_secs``."""
+
+    _values: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective, validated options of one mount. Immutable."""
+
+    settings: Mapping[str, Setting]
+    bucket: str = ""
+    mountpoint: str = ""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def __getitem__(self, path: str) -> Any:
+        return self.settings[path].value
+
+    def source(self, path: str) -> str:
+        return self.settings[path].source
+
+    @property
+    def fuse_options(self) -> tuple[str, ...]:
+        return tuple(self[FUSE_OPTIONS])
+
+    def section(self, name: str) -> Section:
+        values = {o.attr: self[o.path] for o in SCHEMA if o.section == name}
+        if not values:
+            raise KeyError(name)
+        return Section(MappingProxyType(values))
+
+    def explicit(self) -> Iterator[tuple[Option, Setting]]:
+        """Options not at their default, in schema order."""
+        for option in SCHEMA:
+            setting = self.settings[option.path]
+            if setting.source != DEFAULT:
+                yield option, setting
+
+    def to_json(self) -> dict[str, Any]:
+        """The shape ``tierfs mount --dry-run`` prints."""
+        options = {
+            o.path: {
+                "value": o.kind.to_json(self.settings[o.path].value),
+                "source": self.settings[o.path].source,
+            }
+            for o in SCHEMA
+        }
+        return {
+            "bucket": self.bucket,
+            "mountpoint": self.mountpoint,
+            "options": options,
+            "fuse_options": list(self.fuse_options),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=False)
+
+
+def typed(option: Option, raw: Any, *, from_text: bool = True) -> Any:
+    """Turn a raw value into the option's kind, or raise a one-line OptionError."""
+    try:
+        value = (
+            option.kind.parse(raw)
+            if from_text and isinstance(raw, str)
+            else option.kind.coerce(raw)
+        )
+    except ValueError as err:
+        shown = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+        raise OptionError(
+            f"bad value '{shown}' for option '{option.path}': expected {err}"
+        ) from None
+    _check_limits(option, value, raw)
+    return value
+
+
+def _check_limits(option: Option, value: Any, raw: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    low, high = option.minimum, option.maximum
+    if (low is not None and value < low) or (high is not None and value > high):
+        if low is not None and high is not None:
+            want = f"a value from {_num(low)} to {_num(high)}"
+        elif low is not None:
+            want = f"a value of at least {_num(low)}"
+        else:
+            want = f"a value of at most {_num(high)}"
+        raise OptionError(f"bad value '{raw}' for option '{option.path}': expected {want}")
+
+
+def _num(number: float | None) -> str:
+    return str(int(number)) if number is not None and float(number).is_integer() else str(number)
+
+
+def resolve(
+    assignments: Iterable[Assignment],
+    *,
+    bucket: str = "",
+    mountpoint: str = "",
+    cpu_count: int = 2,
+) -> Config:
+    """Apply precedence, derive dependent values and validate across options."""
+    winners: dict[str, tuple[int, int, Assignment]] = {}
+    fuse: dict[str, None] = {}
+    fuse_source = DEFAULT
+    warnings: list[str] = []
+    for order, item in enumerate(assignments):
+        option = INDEX.by_path[item.path]
+        if option.deprecated:
+            warnings.append(f"option '{option.path}' is deprecated: {option.deprecated}")
+        if option.path == FUSE_OPTIONS:
+            fuse.update(dict.fromkeys(item.value))
+            fuse_source = item.source
+            continue
+        held = winners.get(item.path)
+        if held is None or (item.rank, order) >= held[:2]:
+            winners[item.path] = (item.rank, order, item)
+    settings: dict[str, Setting] = {o.path: Setting(o.default, DEFAULT) for o in SCHEMA}
+    for path, (_, _, item) in winners.items():
+        settings[path] = Setting(item.value, item.source)
+    if fuse:
+        settings[FUSE_OPTIONS] = Setting(tuple(fuse), fuse_source)
+        winners_fuse = {FUSE_OPTIONS}
+    else:
+        winners_fuse = set()
+    explicit = frozenset(winners) | winners_fuse
+    warnings.extend(derive.apply(settings, explicit, cpu_count=cpu_count, make=Setting))
+    return Config(MappingProxyType(settings), bucket, mountpoint, tuple(dict.fromkeys(warnings)))

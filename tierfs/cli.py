@@ -1,0 +1,157 @@
+"""The command line: ``tierfs COMMAND ...`` and the mount(8) helper ``mount.tierfs``.
+
+Everything a user can get wrong ends here as one line on stderr and an exit
+status: 2 for bad options or usage, 1 for a failure while doing the work.
+No traceback reaches the user; ``TIERFS_DEBUG=1`` prints it for developers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import mount_options
+from mount_options import CommandLine, Config, OptionError
+from mount_options.docs import help_text
+from mount_options.target import parse_target
+from tierfs import __version__
+
+PROG = "tierfs"
+MOUNT_EXTRAS = {"dry-run": False, "help": False, "help-all": False, "csi-volume-attributes": True}
+
+USAGE = f"""\
+usage: {PROG} COMMAND [options]
+
+commands:
+  mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
+  demo                                         start the emulator, mount, show a short tour
+
+Run '{PROG} mount --help' for the mount options; they are gcsfuse's, unchanged.
+"""
+
+MOUNT_USAGE = f"""\
+usage: {PROG} mount [options] BUCKET[/PREFIX] MOUNTPOINT
+       {PROG} mount --dry-run [options] BUCKET MOUNTPOINT   print the effective options as JSON
+       mount.{PROG} BUCKET MOUNTPOINT -o OPTIONS [--dry-run]   (what mount -t {PROG} runs)
+
+Options may be given as flags (--implicit-dirs, --metadata-cache-ttl-secs=-1, single dash too),
+in -o strings (-o ro,implicit_dirs,metadata-cache:ttl-secs:-1), in a YAML --config-file, or
+as CSI volume attributes (--csi-volume-attributes '{{"fileCacheCapacity": "10Gi"}}').
+Precedence: flag > config file > default.
+"""
+
+
+class UsageError(Exception):
+    """Wrong use of the command line itself (missing operands, unknown command)."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    sys.exit(_guarded(_main, list(sys.argv[1:] if argv is None else argv)))
+
+
+def mount_helper_main(argv: Sequence[str] | None = None) -> None:
+    """``mount.tierfs SPEC DIR -o OPTIONS``, the helper mount(8) runs for type tierfs."""
+    sys.exit(_guarded(_mount_helper, list(sys.argv[1:] if argv is None else argv)))
+
+
+def _guarded(run: Callable[[list[str]], int], argv: list[str]) -> int:
+    try:
+        return run(argv)
+    except (OptionError, UsageError) as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # the last line of defence: one line, never a traceback
+        if os.environ.get("TIERFS_DEBUG"):
+            traceback.print_exc()
+        print(f"{PROG}: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help", "--help-all"):
+        print(USAGE)
+        print(help_text(include_hidden=bool(argv) and argv[0] == "--help-all"))
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version", "version"):
+        print(f"{PROG} {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "mount":
+        return _mount(mount_options.parse_flags(rest, MOUNT_EXTRAS))
+    if command == "demo":
+        from tierfs.demo import run_demo
+
+        return run_demo(rest)
+    raise UsageError(f"unknown command '{command}' (try '{PROG} --help')")
+
+
+def _mount_helper(argv: list[str]) -> int:
+    line = mount_options.parse_mount_helper(argv, MOUNT_EXTRAS)
+    return _mount(line)
+
+
+def _mount(line: CommandLine) -> int:
+    if line.extras.get("help") or line.extras.get("help-all"):
+        print(MOUNT_USAGE)
+        print(help_text(include_hidden=bool(line.extras.get("help-all"))))
+        return 0
+    config = effective_config(line)
+    for warning in config.warnings:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    if line.extras.get("dry-run"):
+        print(config.dumps())
+        return 0
+    raise UsageError("mounting for real arrives with the filesystem; use --dry-run for now")
+
+
+def effective_config(line: CommandLine) -> Config:
+    """Options from the command line, config file and CSI attributes, resolved."""
+    parsed = line.parsed
+    bucket_from_csi = ""
+    attributes = line.extras.get("csi-volume-attributes")
+    if isinstance(attributes, str):
+        volume = mount_options.parse_volume(_json_object(attributes))
+        volume.parsed.extend(parsed)  # command-line flags after, so they win
+        parsed = volume.parsed
+        bucket_from_csi = volume.bucket
+    if len(line.positional) == 1 and bucket_from_csi:
+        spec, mountpoint = bucket_from_csi, line.positional[0]
+    elif len(line.positional) == 2:
+        spec, mountpoint = line.positional
+    elif len(line.positional) < 2:
+        raise UsageError("give a bucket and a mountpoint: tierfs mount BUCKET MOUNTPOINT")
+    else:
+        extra = " ".join(line.positional[2:])
+        raise UsageError(f"unexpected arguments after BUCKET MOUNTPOINT: {extra}")
+    target = parse_target(spec)
+    if target.prefix:
+        if any(a.path == "only-dir" for a in parsed.assignments):
+            raise UsageError("give the prefix once: BUCKET/PREFIX or --only-dir, not both")
+        parsed.assignments.append(target.only_dir_assignment())
+    return mount_options.load(
+        parsed,
+        bucket=target.bucket,
+        mountpoint=os.path.abspath(mountpoint),
+        read_text=lambda path: Path(path).read_text(encoding="utf-8"),
+        cpu_count=os.cpu_count() or 1,
+    )
+
+
+def _json_object(text: str) -> dict[str, str]:
+    import json
+
+    try:
+        value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    except (OSError, json.JSONDecodeError) as err:
+        raise OptionError(f"bad value for --csi-volume-attributes: {err}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise OptionError(
+            "bad value for --csi-volume-attributes: expected a JSON object of strings"
+        )
+    return value
