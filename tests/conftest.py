@@ -8,12 +8,16 @@ each other's objects.  Clients use the explicit endpoint, not ``STORAGE_EMULATOR
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from google.cloud import storage
 
+from tests.mounting import Mount
 from tierfs.emulator import Emulator
+
+MountFactory = Callable[..., Mount]
 
 # --- GCS emulator -----------------------------------------------------------------------
 
@@ -41,3 +45,35 @@ def gcs_client(emulator: Emulator) -> Iterator[storage.Client]:
         yield client
     finally:
         client.close()
+
+
+# --- real mounts ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mount_factory(emulator: Emulator, bucket_name: str, tmp_path: Path) -> Iterator[MountFactory]:
+    """Mount the test's bucket (or another) with extra options; everything cleaned up after."""
+    made: list[Mount] = []
+
+    def make(*args: str, bucket: str | None = None, name: str = "mnt") -> Mount:
+        mount = Mount(
+            emulator, bucket or bucket_name, tmp_path / name, tmp_path / f"{name}.log", list(args)
+        )
+        made.append(mount)
+        return mount.start()
+
+    try:
+        yield make
+    finally:
+        for mount in made:
+            mount.cleanup()
+    for mount in made:
+        errors = mount.errors()
+        if errors and not mount.expect_errors:
+            pytest.fail(f"unexpected errors in the daemon log of {mount.path}: {errors[:3]}")
+
+
+@pytest.fixture
+def mount(mount_factory: MountFactory) -> Mount:
+    """The test's bucket, mounted with default options."""
+    return mount_factory()

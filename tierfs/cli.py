@@ -17,16 +17,25 @@ import mount_options
 from mount_options import CommandLine, Config, OptionError
 from mount_options.docs import help_text
 from mount_options.target import parse_target
-from tierfs import __version__
+from tierfs import __version__, daemon
+from tierfs.mountpoint import MountError
 
 PROG = "tierfs"
-MOUNT_EXTRAS = {"dry-run": False, "help": False, "help-all": False, "csi-volume-attributes": True}
+MOUNT_EXTRAS = {
+    "dry-run": False,
+    "help": False,
+    "help-all": False,
+    "csi-volume-attributes": True,
+    "ready-fd": True,
+}
+HELPER_ONLY_FLAGS = {"-n", "-s", "-f", "-v", "-w", "-sn", "-ns"}
 
 USAGE = f"""\
 usage: {PROG} COMMAND [options]
 
 commands:
   mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
+  unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
 
 Run '{PROG} mount --help' for the mount options; they are gcsfuse's, unchanged.
@@ -83,7 +92,9 @@ def _main(argv: list[str]) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "mount":
-        return _mount(mount_options.parse_flags(rest, MOUNT_EXTRAS))
+        return _mount(mount_options.parse_flags(rest, MOUNT_EXTRAS), ["mount", *rest])
+    if command in ("unmount", "umount"):
+        return _unmount(rest)
     if command == "demo":
         from tierfs.demo import run_demo
 
@@ -93,10 +104,30 @@ def _main(argv: list[str]) -> int:
 
 def _mount_helper(argv: list[str]) -> int:
     line = mount_options.parse_mount_helper(argv, MOUNT_EXTRAS)
-    return _mount(line)
+    child: list[str] = ["mount"]
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("-t", "--types"):
+            skip = True
+        elif arg not in HELPER_ONLY_FLAGS:
+            child.append(arg)
+    return _mount(line, child)
 
 
-def _mount(line: CommandLine) -> int:
+def _unmount(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise UsageError("usage: tierfs unmount MOUNTPOINT")
+    try:
+        daemon.stop(argv[0])
+    except MountError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _mount(line: CommandLine, child_args: list[str]) -> int:
     if line.extras.get("help") or line.extras.get("help-all"):
         print(MOUNT_USAGE)
         print(help_text(include_hidden=bool(line.extras.get("help-all"))))
@@ -107,7 +138,39 @@ def _mount(line: CommandLine) -> int:
     if line.extras.get("dry-run"):
         print(config.dumps())
         return 0
-    raise UsageError("mounting for real arrives with the filesystem; use --dry-run for now")
+    ready_fd = line.extras.get("ready-fd")
+    if config["foreground"] or isinstance(ready_fd, str):
+        return run_foreground(config, int(ready_fd) if isinstance(ready_fd, str) else None)
+    try:
+        daemon.start_background(child_args, config.mountpoint)
+    except MountError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_foreground(config: Config, ready_fd: int | None) -> int:
+    """Serve the mount in this process; report readiness on ``ready_fd`` (the daemon's pipe)."""
+    import trio
+
+    from tierfs import logs
+    from tierfs.mount import serve
+
+    logs.setup(config, foreground=ready_fd is None)
+    failures: list[str] = []
+
+    def ready(message: str | None) -> None:
+        if message is not None:
+            failures.append(message)
+        if ready_fd is not None:
+            with os.fdopen(ready_fd, "w", encoding="utf-8") as pipe:
+                pipe.write("ok\n" if message is None else message + "\n")
+            os.chdir("/")
+        elif message is not None:
+            print(f"{PROG}: {message}", file=sys.stderr)
+
+    trio.run(serve, config, ready)
+    return 1 if failures else 0
 
 
 def effective_config(line: CommandLine) -> Config:

@@ -1,0 +1,5 @@
+"""``python -m tierfs``: the same as the ``tierfs`` command (the daemon starts itself this way)."""
+
+from tierfs.cli import main
+
+main()

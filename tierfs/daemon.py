@@ -1,0 +1,115 @@
+"""Running a mount in the background, and stopping it.
+
+``tierfs mount`` (without ``--foreground``) starts a copy of itself with
+``--foreground --ready-fd=N`` in a new session, and waits on that pipe: the
+daemon writes ``ok`` once the mount answers, or one line saying why it
+cannot. The parent exits 0 only after ``ok`` and a successful stat of the
+mountpoint, else non-zero with that line. The daemon's command line keeps
+the mountpoint, so ``ps`` shows which process serves which mount.
+
+``tierfs unmount`` unmounts (lazily if the daemon is dead) and waits for the
+daemon of that mountpoint to exit, so that when it returns every pending
+upload has finished.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tierfs.mountpoint import MountError, is_stale, mounted_here, unmount
+
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 600.0
+
+
+def start_background(child_args: Sequence[str], mountpoint: str) -> None:
+    """Start the daemon and wait until its mount answers; `MountError` otherwise."""
+    read_fd, write_fd = os.pipe()
+    with tempfile.TemporaryFile() as errors:
+        try:
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tierfs",
+                    *child_args,
+                    "--foreground",
+                    f"--ready-fd={write_fd}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
+            message = pipe.readline().strip()
+        if message != "ok":
+            try:
+                status = child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                status = child.wait()
+            errors.seek(0)
+            last = (errors.read().decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+            raise MountError(message or last or f"the mount daemon exited with status {status}")
+    try:
+        os.stat(mountpoint)
+    except OSError as err:
+        raise MountError(f"mounted, but {mountpoint} does not answer: {err.strerror}") from None
+
+
+def daemon_pids(mountpoint: str) -> list[int]:
+    """PIDs of tierfs daemons whose command line names this mountpoint."""
+    target = os.path.abspath(mountpoint)
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode("utf-8", "surrogateescape") for a in args if a]
+        if "--foreground" in words and "tierfs" in words and target in words:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop(mountpoint: str, *, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """``tierfs unmount``: unmount, then wait for the daemon to finish its uploads and exit."""
+    path = os.path.abspath(mountpoint)
+    entry = mounted_here(path)
+    if entry is None:
+        raise MountError(f"{path} is not mounted")
+    if not entry.fstype.startswith("fuse"):
+        raise MountError(f"{path} is not a tierfs mount ({entry.fstype})")
+    pids = daemon_pids(path)
+    unmount(path, lazy=is_stale(path))
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        if pids:
+            time.sleep(0.05)
+    if pids:
+        raise MountError(f"unmounted {path}, but its daemon (pid {pids[0]}) has not exited yet")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().split(") ", 1)[-1][:1] != "Z"
+    except OSError:
+        return False

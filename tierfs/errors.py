@@ -1,0 +1,94 @@
+"""Domain errors and the one table that turns them into errno values.
+
+Code below ``operations.py`` raises these (or lets an ``OSError`` from the
+local disk pass); ``operations.py`` calls `errno_of` once, in its handler
+decorator, and answers the kernel with that number. Nothing else decides
+an errno. The mapping follows gcsfuse (``internal/fs/wrappers/error_mapping.go``):
+not found -> ENOENT, precondition failed (someone else changed the object)
+-> ESTALE, 401/403 -> EACCES, anything unexpected -> EIO, logged with its cause.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class TierfsError(Exception):
+    """Base of every error tierfs raises on purpose."""
+
+    errno: int = errno.EIO
+
+
+class NotFound(TierfsError):
+    """The object, generation or name does not exist."""
+
+    errno = errno.ENOENT
+
+
+class PreconditionFailed(TierfsError):
+    """A generation precondition failed: another writer changed the object first."""
+
+    errno = errno.ESTALE
+
+
+class AccessDenied(TierfsError):
+    """GCS answered 401 or 403, or credentials could not be obtained."""
+
+    errno = errno.EACCES
+
+
+class AlreadyExists(TierfsError):
+    errno = errno.EEXIST
+
+
+class NotEmpty(TierfsError):
+    errno = errno.ENOTEMPTY
+
+
+class NotADirectory(TierfsError):
+    errno = errno.ENOTDIR
+
+
+class IsADirectory(TierfsError):
+    errno = errno.EISDIR
+
+
+class TooManyObjects(TierfsError):
+    """A directory rename would copy more objects than ``rename-dir-limit`` allows."""
+
+    errno = errno.EMFILE
+
+
+class Unsupported(TierfsError):
+    """An operation tierfs (like gcsfuse) does not support; carries its errno."""
+
+    def __init__(self, message: str, code: int = errno.ENOTSUP) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
+class NameTooLong(TierfsError):
+    errno = errno.ENAMETOOLONG
+
+
+class InvalidName(TierfsError):
+    errno = errno.EINVAL
+
+
+class ReadOnly(TierfsError):
+    errno = errno.EROFS
+
+
+class BackendError(TierfsError):
+    """GCS failed after its retries (5xx, network): EIO, logged with the cause."""
+
+    errno = errno.EIO
+
+
+def errno_of(error: BaseException) -> int:
+    """The errno answered to the kernel for ``error``: the one table."""
+    if isinstance(error, TierfsError):
+        return error.errno
+    if isinstance(error, OSError) and error.errno:
+        return error.errno  # local disk: ENOSPC, EDQUOT... pass through unchanged
+    return errno.EIO

@@ -1,0 +1,750 @@
+"""The filesystem core: POSIX operations on inodes, over one `Bucket`.
+
+Everything a FUSE handler does, minus FUSE: `operations.py` translates the
+kernel's requests into calls here and the results back. Tests drive this
+class directly over `MemoryBucket` (model tests) and through a real mount.
+
+Semantics are gcsfuse's (``docs/semantics.md`` lists them with the tests that
+check them): close-to-open consistency; writes staged locally and uploaded on
+flush/fsync/close with a generation precondition (a lost race is ESTALE);
+placeholder and implicit directories; directory rename by copy + delete up to
+``rename-dir-limit`` objects (EMFILE beyond).
+
+Concurrency: trio runs handlers as tasks on one thread. The inode table and
+handle tables are changed only between checkpoints; a per-inode lock
+serializes the slow, awaited parts that must not interleave (staging,
+uploading, renaming one inode).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from mount_options import Config
+from tierfs.errors import (
+    AlreadyExists,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    PreconditionFailed,
+    ReadOnly,
+    TooManyObjects,
+    Unsupported,
+)
+from tierfs.handles import DirHandle, FileHandle, HandleTable
+from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
+from tierfs.namespace import (
+    CONFLICT_SUFFIX,
+    SYMLINK_FLAG_KEY,
+    SYMLINK_TARGET_KEY,
+    Namespace,
+    is_symlink,
+)
+from tierfs.reader import Reader
+from tierfs.storage import Bucket, ObjectInfo
+from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
+
+NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
+BLOCK_SIZE = 4096
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the core needs from the configuration, with units in the names."""
+
+    file_mode: int = 0o644
+    dir_mode: int = 0o755
+    uid: int = 0
+    gid: int = 0
+    attr_timeout_s: float = 60.0
+    entry_timeout_s: float = 0.0
+    temp_dir: str = ""
+    rename_dir_limit: int = 0
+    sequential_read_bytes: int = 200 << 20
+    implicit_dirs: bool = False
+    only_dir: str = ""
+    read_only: bool = False
+    standard_symlinks: bool = True
+    create_empty_file: bool = False
+
+    @classmethod
+    def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
+        ttl = config["metadata-cache:ttl-secs"]
+        attr_timeout = NEVER_S if ttl < 0 else float(ttl)
+        dentry = config["file-system:experimental-enable-dentry-cache"]
+        return cls(
+            file_mode=config["file-system:file-mode"],
+            dir_mode=config["file-system:dir-mode"],
+            uid=uid if config["file-system:uid"] < 0 else config["file-system:uid"],
+            gid=gid if config["file-system:gid"] < 0 else config["file-system:gid"],
+            attr_timeout_s=attr_timeout,
+            entry_timeout_s=attr_timeout if dentry else 0.0,
+            temp_dir=config["file-system:temp-dir"],
+            rename_dir_limit=config["file-system:rename-dir-limit"],
+            sequential_read_bytes=config["gcs-connection:sequential-read-size-mb"] << 20,
+            implicit_dirs=config["implicit-dirs"],
+            only_dir=config["only-dir"],
+            read_only="ro" in config.fuse_options,
+            standard_symlinks=config["enable-standard-symlinks"],
+            create_empty_file=config["write:create-empty-file"],
+        )
+
+
+@dataclass(frozen=True)
+class Attr:
+    """The attributes of one inode, as the kernel sees them."""
+
+    ino: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    mtime_ns: int
+    blocks: int
+    entry_timeout_s: float
+    attr_timeout_s: float
+
+
+@dataclass(frozen=True)
+class StatFs:
+    block_size: int = 1 << 17
+    blocks: int = 1 << 33
+    free_blocks: int = 1 << 33
+    files: int = 1 << 50
+    free_files: int = 1 << 50
+    name_max: int = 255
+
+
+class Filesystem:
+    """POSIX operations over a bucket; the state of one mount."""
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        settings: Settings,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.bucket = bucket
+        self.settings = settings
+        self.clock_ns = clock_ns
+        self.names = Namespace(
+            bucket, only_dir=settings.only_dir, implicit_dirs=settings.implicit_dirs
+        )
+        self.inodes = InodeTable(root_mtime_ns=clock_ns())
+        self.files: HandleTable[FileHandle] = HandleTable()
+        self.dirs: HandleTable[DirHandle] = HandleTable()
+
+    # -- attributes -----------------------------------------------------------------------
+
+    def attr(self, inode: Inode) -> Attr:
+        s = self.settings
+        if inode.kind is Kind.DIR:
+            mode = stat.S_IFDIR | s.dir_mode
+        elif inode.kind is Kind.SYMLINK:
+            mode = stat.S_IFLNK | 0o777
+        else:
+            mode = stat.S_IFREG | s.file_mode
+        size = inode.staged.size if inode.staged is not None else inode.size
+        return Attr(
+            ino=inode.ino,
+            mode=mode,
+            nlink=0 if inode.unlinked else (2 if inode.kind is Kind.DIR else 1),
+            uid=s.uid,
+            gid=s.gid,
+            size=size,
+            mtime_ns=inode.mtime_ns,
+            blocks=(size + 511) // 512,
+            entry_timeout_s=s.entry_timeout_s,
+            attr_timeout_s=s.attr_timeout_s,
+        )
+
+    def getattr(self, ino: int) -> Attr:
+        return self.attr(self._inode(ino))
+
+    def statfs(self) -> StatFs:
+        return StatFs()
+
+    # -- lookup and lookup counts ------------------------------------------------------------
+
+    async def lookup(self, parent_ino: int, name: str) -> Inode:
+        """The inode of ``name`` in a directory; the caller hands it to the kernel (+1 lookup)."""
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        inode = await self._resolve(path)
+        if inode is None:
+            raise NotFound(path)
+        self.inodes.remember(inode)
+        return inode
+
+    def remember(self, inode: Inode) -> None:
+        """The kernel accepted ``inode`` in a readdir reply."""
+        self.inodes.by_ino.setdefault(inode.ino, inode)
+        self.inodes.remember(inode)
+
+    def forget(self, ino: int, count: int) -> None:
+        self.inodes.forget(ino, count)
+
+    async def _resolve(self, path: str) -> Inode | None:
+        current = self.inodes.current(path)
+        if current is not None and (current.local_only or current.staged is not None):
+            return current  # local state is newer than anything GCS can say
+        found = await self.names.lookup(path)
+        current = self.inodes.current(path)  # may have changed while we awaited
+        if current is not None and (current.local_only or current.staged is not None):
+            return current
+        if found is None:
+            if current is not None:
+                self.inodes.detach(current)
+            return None
+        if found.is_dir:
+            if current is not None and current.kind is Kind.DIR:
+                current.placeholder = found.placeholder
+                return current
+            return self.inodes.make(
+                Kind.DIR, path, mtime_ns=self._dir_mtime(found.info), placeholder=found.placeholder
+            )
+        assert found.info is not None
+        return await self._file_inode(path, found.info)
+
+    async def _file_inode(self, path: str, info: ObjectInfo) -> Inode:
+        """The inode for one generation of a file or symlink object (reused if unchanged)."""
+        current = self.inodes.current(path)
+        if (
+            current is not None
+            and current.kind is not Kind.DIR
+            and current.generation == info.generation
+        ):
+            current.metageneration = info.metageneration
+            current.mtime_ns = parse_mtime(info.metadata, info.updated_s)
+            return current
+        kind = Kind.SYMLINK if is_symlink(info) else Kind.FILE
+        target = await self.names.symlink_target(info) if kind is Kind.SYMLINK else ""
+        current = self.inodes.current(path)
+        if current is not None and (current.local_only or current.staged is not None):
+            return current
+        return self.inodes.make(
+            kind,
+            path,
+            size=len(target.encode()) if kind is Kind.SYMLINK else info.size,
+            generation=info.generation,
+            metageneration=info.metageneration,
+            mtime_ns=parse_mtime(info.metadata, info.updated_s),
+            target=target,
+            metadata=dict(info.metadata),
+        )
+
+    def _dir_mtime(self, info: ObjectInfo | None) -> int:
+        if info is None:
+            return self.inodes[ROOT_INO].mtime_ns
+        return parse_mtime(info.metadata, info.updated_s)
+
+    # -- directories ---------------------------------------------------------------------------
+
+    def opendir(self, ino: int) -> int:
+        inode = self._dir(ino)
+        return self.dirs.add(DirHandle(self.dirs.next_number(), inode)).fh
+
+    async def readdir(self, fh: int, start: int) -> list[tuple[str, Inode, int]]:
+        """Entries from offset ``start``: (name, inode, next offset)."""
+        handle = self.dirs[fh]
+        if handle.entries is None or start == 0:
+            handle.entries = await self._list(handle.inode)
+        return [
+            (name, inode, index + 1)
+            for index, (name, inode) in enumerate(handle.entries)
+            if index >= start
+        ]
+
+    def releasedir(self, fh: int) -> None:
+        self.dirs.pop(fh)
+
+    async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
+        listing = await self.names.list_dir(directory.path)
+        entries: list[tuple[str, Inode]] = []
+        seen: set[str] = set()
+        for part in listing.dirs:
+            path = self.names.child_path(directory.path, part)
+            inode = self.inodes.current(path)
+            if inode is None or inode.kind is not Kind.DIR:
+                inode = self.inodes.make(Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns)
+            entries.append((part, inode))
+            seen.add(part)
+        for entry_name, info in listing.files:
+            path = self.names.child_path(directory.path, entry_name)
+            inode = await self._file_inode(path, info)
+            entries.append((entry_name, inode))
+            seen.add(entry_name)
+        for inode in self.inodes.children(directory.path):
+            if inode.name not in seen and (inode.local_only or inode.staged is not None):
+                entries.append((inode.name, inode))
+        return entries
+
+    async def mkdir(self, parent_ino: int, name: str) -> Inode:
+        self._writable()
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        try:
+            info = await self.bucket.write_bytes(
+                self.names.dir_object(path), b"", if_generation_match=0
+            )
+        except PreconditionFailed:
+            raise AlreadyExists(path) from None
+        inode = self.inodes.make(
+            Kind.DIR, path, mtime_ns=parse_mtime(info.metadata, info.updated_s), placeholder=True
+        )
+        self.inodes.remember(inode)
+        return inode
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        self._writable()
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        inode = await self._resolve(path)
+        if inode is None:
+            raise NotFound(path)
+        if inode.kind is not Kind.DIR:
+            raise NotADirectory(path)
+        if any(child.local_only for child in self.inodes.below(path)):
+            raise NotEmpty(path)
+        placeholder = self.names.dir_object(path)
+        listing = await self.bucket.list(placeholder, delimiter=None, max_results=2)
+        if any(info.name != placeholder for info in listing.objects):
+            raise NotEmpty(path)
+        try:
+            await self.bucket.delete(placeholder)
+        except NotFound:
+            pass  # an implicit directory: nothing to delete
+        self.inodes.detach(inode)
+
+    # -- files: create, open, read, write --------------------------------------------------------
+
+    async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
+        self._writable()
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        object_name = self.names.file_object(path)
+        existing = self.inodes.current(path)
+        if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
+            raise AlreadyExists(path)
+        inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
+        inode.staged = Staged.new(self.settings.temp_dir)
+        if self.settings.create_empty_file:
+            await self._upload(inode, object_name)
+        self.inodes.remember(inode)
+        handle = self._open_handle(inode, writable=True, flags=flags)
+        return handle, inode
+
+    async def open(self, ino: int, flags: int) -> FileHandle:
+        inode = self._inode(ino)
+        if inode.kind is Kind.DIR:
+            raise IsADirectory(inode.path)
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        if writable:
+            self._writable()
+        handle = self._open_handle(inode, writable=writable, flags=flags)
+        try:
+            if writable and flags & os.O_TRUNC:
+                await self._truncate(inode, 0)
+        except BaseException:
+            self._close_handle(handle)
+            raise
+        return handle
+
+    def _open_handle(self, inode: Inode, *, writable: bool, flags: int) -> FileHandle:
+        direct = bool(flags & getattr(os, "O_DIRECT", 0))
+        handle = FileHandle(self.files.next_number(), inode, writable, direct_io=direct)
+        inode.open_handles += 1
+        return self.files.add(handle)
+
+    async def read(self, fh: int, offset: int, length: int) -> bytes | memoryview:
+        handle = self.files[fh]
+        inode = handle.inode
+        if inode.staged is not None:
+            return inode.staged.pread(offset, length)
+        if inode.generation == 0:
+            return b""
+        if handle.reader is None or handle.reader.generation != inode.generation:
+            handle.reader = Reader(
+                self.bucket,
+                self.names.file_object(inode.path),
+                inode.generation,
+                inode.size,
+                self.settings.sequential_read_bytes,
+            )
+        try:
+            return await handle.reader.read(offset, length)
+        except NotFound:
+            # The generation this inode stands for is gone: changed or deleted elsewhere.
+            raise PreconditionFailed(inode.path) from None
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self.files[fh]
+        if not handle.writable:
+            raise Unsupported("file not open for writing", errno.EBADF)
+        inode = handle.inode
+        if inode.staged is None:
+            await self._stage(inode, inode.size)
+        assert inode.staged is not None
+        written = inode.staged.pwrite(offset, data)
+        inode.mtime_ns = self.clock_ns()
+        return written
+
+    async def flush(self, fh: int) -> None:
+        await self._sync(self.files[fh].inode)
+
+    async def fsync(self, fh: int) -> None:
+        await self._sync(self.files[fh].inode)
+
+    async def release(self, fh: int) -> None:
+        handle = self.files.pop(fh)
+        if handle is None:
+            return
+        try:
+            await self._sync(handle.inode)
+        finally:
+            self._close_handle(handle)
+
+    def _close_handle(self, handle: FileHandle) -> None:
+        self.files.pop(handle.fh)
+        inode = handle.inode
+        inode.open_handles -= 1
+        if handle.reader is not None:
+            handle.reader.close()
+        if inode.open_handles == 0 and inode.staged is not None and not inode.staged.dirty:
+            inode.staged.close()
+            inode.staged = None
+        self.inodes.release(inode)
+
+    async def _sync(self, inode: Inode) -> None:
+        """Upload the inode's staged data if it has changes (flush, fsync, close)."""
+        async with self._lock(inode):
+            staged = inode.staged
+            if staged is None or not staged.dirty or inode.unlinked:
+                return
+            if staged.clobbered:
+                raise PreconditionFailed(inode.path)
+            await self._upload(inode, self.names.file_object(inode.path))
+
+    async def _upload(self, inode: Inode, object_name: str) -> None:
+        staged = inode.staged
+        assert staged is not None
+        metadata = dict(inode.metadata)
+        metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
+        try:
+            info = await staged.upload(self.bucket, object_name, metadata)
+        except PreconditionFailed:
+            staged.clobbered = True
+            raise
+        inode.generation = info.generation
+        inode.metageneration = info.metageneration
+        inode.size = info.size
+        inode.metadata = dict(info.metadata)
+
+    async def _stage(self, inode: Inode, length: int) -> None:
+        """Give a clean file inode a local copy of (the first ``length`` bytes of) its object."""
+        async with self._lock(inode):
+            if inode.staged is not None:
+                return
+            if inode.generation == 0:
+                inode.staged = Staged.new(self.settings.temp_dir)
+                return
+            info = ObjectInfo(
+                self.names.file_object(inode.path),
+                inode.size,
+                inode.generation,
+                inode.metageneration,
+            )
+            try:
+                inode.staged = await Staged.from_object(
+                    self.bucket, info, self.settings.temp_dir, min(length, inode.size)
+                )
+            except NotFound:
+                raise PreconditionFailed(inode.path) from None
+
+    # -- attributes that change ----------------------------------------------------------------
+
+    async def setattr(
+        self, ino: int, *, size: int | None = None, mtime_ns: int | None = None
+    ) -> Attr:
+        inode = self._inode(ino)
+        if size is not None:
+            if inode.kind is Kind.DIR:
+                raise IsADirectory(inode.path)
+            self._writable()
+            await self._truncate(inode, size)
+        if mtime_ns is not None and inode.kind is Kind.FILE:
+            await self._set_mtime(inode, mtime_ns)
+        if inode.open_handles == 0 and inode.staged is not None:
+            # Path-based truncate (no open file): nothing else will upload it.
+            await self._sync(inode)
+            if not inode.staged.dirty:
+                inode.staged.close()
+                inode.staged = None
+        return self.attr(inode)
+
+    async def _truncate(self, inode: Inode, size: int) -> None:
+        old_size = inode.staged.size if inode.staged is not None else inode.size
+        if inode.staged is None:
+            await self._stage(inode, size)
+        assert inode.staged is not None
+        if size != old_size or inode.generation == 0:
+            inode.staged.truncate(size)
+            inode.mtime_ns = self.clock_ns()
+
+    async def _set_mtime(self, inode: Inode, mtime_ns: int) -> None:
+        inode.mtime_ns = mtime_ns
+        if inode.staged is not None or inode.generation == 0:
+            if inode.staged is not None:
+                inode.staged.touch()
+            return
+        async with self._lock(inode):
+            info = await self.bucket.update_metadata(
+                self.names.file_object(inode.path),
+                {MTIME_KEY: format_mtime(mtime_ns)},
+                generation=inode.generation,
+            )
+            inode.metageneration = info.metageneration
+            inode.metadata = dict(info.metadata)
+
+    # -- unlink, symlink, rename -----------------------------------------------------------------
+
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        self._writable()
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        inode = await self._resolve(path)
+        if inode is None:
+            raise NotFound(path)
+        if inode.kind is Kind.DIR:
+            raise IsADirectory(path)
+        object_path = path[: -len(CONFLICT_SUFFIX)] if path.endswith(CONFLICT_SUFFIX) else path
+        async with self._lock(inode):
+            if inode.generation:
+                if inode.open_handles and inode.staged is None and inode.kind is Kind.FILE:
+                    await self._stage_unlocked(inode)
+                try:
+                    await self.bucket.delete(self.names.file_object(object_path))
+                except NotFound:
+                    pass  # already gone: the name is gone either way
+            inode.unlinked = True
+            self.inodes.detach(inode)
+
+    async def _stage_unlocked(self, inode: Inode) -> None:
+        """Keep an unlinked file readable by its open handles: copy it locally first."""
+        info = ObjectInfo(
+            self.names.file_object(inode.path), inode.size, inode.generation, inode.metageneration
+        )
+        try:
+            inode.staged = await Staged.from_object(
+                self.bucket, info, self.settings.temp_dir, inode.size
+            )
+        except NotFound:
+            return
+        inode.staged.uploaded_version = inode.staged.version
+
+    async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:
+        self._writable()
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        metadata = {SYMLINK_TARGET_KEY: target}
+        body = b""
+        if self.settings.standard_symlinks:
+            metadata[SYMLINK_FLAG_KEY] = "true"
+            body = target.encode("utf-8")
+        metadata[MTIME_KEY] = format_mtime(self.clock_ns())
+        try:
+            info = await self.bucket.write_bytes(
+                self.names.file_object(path), body, if_generation_match=0, metadata=metadata
+            )
+        except PreconditionFailed:
+            raise AlreadyExists(path) from None
+        inode = self.inodes.make(
+            Kind.SYMLINK,
+            path,
+            size=len(target.encode()),
+            generation=info.generation,
+            metageneration=info.metageneration,
+            mtime_ns=parse_mtime(info.metadata, info.updated_s),
+            target=target,
+            metadata=dict(info.metadata),
+        )
+        self.inodes.remember(inode)
+        return inode
+
+    def readlink(self, ino: int) -> str:
+        inode = self._inode(ino)
+        if inode.kind is not Kind.SYMLINK:
+            raise Unsupported("not a symlink", errno.EINVAL)
+        return inode.target
+
+    async def rename(
+        self, old_parent: int, old_name: str, new_parent: int, new_name: str, flags: int = 0
+    ) -> None:
+        self._writable()
+        if flags & RENAME_EXCHANGE:
+            raise Unsupported("RENAME_EXCHANGE", errno.EINVAL)
+        old_path = self.names.child_path(self._dir(old_parent).path, old_name)
+        new_path = self.names.child_path(self._dir(new_parent).path, new_name)
+        if old_path == new_path:
+            return
+        source = await self._resolve(old_path)
+        if source is None:
+            raise NotFound(old_path)
+        if new_path.startswith(old_path + "/"):
+            raise Unsupported("cannot move a directory into itself", errno.EINVAL)
+        target = await self._resolve(new_path)
+        if target is not None and flags & RENAME_NOREPLACE:
+            raise AlreadyExists(new_path)
+        if source.kind is Kind.DIR:
+            await self._rename_dir(source, target, new_path)
+        else:
+            await self._rename_file(source, target, new_path)
+
+    async def _rename_file(self, source: Inode, target: Inode | None, new_path: str) -> None:
+        if target is not None and target.kind is Kind.DIR:
+            raise IsADirectory(new_path)
+        async with self._lock(source):
+            if source.local_only:
+                # Never uploaded: a purely local rename; the upload goes to the new name.
+                if target is not None:
+                    await self._drop_target(target, new_path)
+                self.inodes.move(source, new_path)
+                return
+            staged = source.staged
+            if staged is not None and staged.dirty:
+                if staged.clobbered:
+                    raise PreconditionFailed(source.path)
+                await self._upload(source, self.names.file_object(source.path))
+            target_generation = target.generation if target is not None else 0
+            try:
+                info = await self.bucket.copy(
+                    self.names.file_object(source.path),
+                    self.names.file_object(new_path),
+                    source_generation=source.generation,
+                    if_generation_match=target_generation,
+                )
+            except NotFound:
+                raise PreconditionFailed(source.path) from None
+            try:
+                await self.bucket.delete(
+                    self.names.file_object(source.path), if_generation_match=source.generation
+                )
+            except NotFound:
+                pass
+            if target is not None:
+                target.unlinked = True
+                self.inodes.detach(target)
+            self.inodes.move(source, new_path)
+            source.generation = info.generation
+            source.metageneration = info.metageneration
+            if source.staged is not None:
+                source.staged.base_generation = info.generation
+
+    async def _drop_target(self, target: Inode, path: str) -> None:
+        if target.generation:
+            try:
+                await self.bucket.delete(self.names.file_object(path))
+            except NotFound:
+                pass
+        target.unlinked = True
+        self.inodes.detach(target)
+
+    async def _rename_dir(self, source: Inode, target: Inode | None, new_path: str) -> None:
+        if target is not None:
+            if target.kind is not Kind.DIR:
+                raise NotADirectory(new_path)
+            await self.rmdir_path(target)
+        for inode in self.inodes.below(source.path):
+            if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
+                await self._sync(inode)
+        old_prefix = self.names.dir_object(source.path)
+        new_prefix = self.names.dir_object(new_path)
+        objects = await self.names.list_below(source.path)
+        descendants = [o for o in objects if o.name != old_prefix]
+        if len(descendants) > self.settings.rename_dir_limit:
+            raise TooManyObjects(
+                f"{source.path}: {len(descendants)} objects > rename-dir-limit "
+                f"{self.settings.rename_dir_limit}"
+            )
+        if not any(o.name == old_prefix for o in objects):
+            # An implicit directory: give the new one a placeholder so it exists either way.
+            await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
+        async with trio.open_nursery() as nursery:
+            for info in objects:
+                nursery.start_soon(self._copy_one, info, new_prefix + info.name[len(old_prefix) :])
+        async with trio.open_nursery() as nursery:
+            for info in objects:
+                nursery.start_soon(self._delete_one, info)
+        self.inodes.move(source, new_path)
+        source.placeholder = True
+
+    async def rmdir_path(self, inode: Inode) -> None:
+        parent = self.inodes.current(inode.parent_path)
+        if parent is None:
+            raise NotFound(inode.parent_path)
+        await self.rmdir(parent.ino, inode.name)
+
+    async def _copy_one(self, info: ObjectInfo, destination: str) -> None:
+        await self.bucket.copy(
+            info.name, destination, source_generation=info.generation, if_generation_match=None
+        )
+
+    async def _delete_one(self, info: ObjectInfo) -> None:
+        try:
+            await self.bucket.delete(info.name, if_generation_match=info.generation)
+        except NotFound:
+            pass
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    async def sync_all(self) -> None:
+        """Upload every dirty file (unmount, SIGTERM). Errors are raised after trying all."""
+        failures: list[BaseException] = []
+        for inode in list(self.inodes.by_ino.values()):
+            if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
+                try:
+                    await self._sync(inode)
+                except Exception as err:  # keep going: upload what can be uploaded
+                    failures.append(err)
+        if failures:
+            raise failures[0]
+
+    def close(self) -> None:
+        for inode in self.inodes.by_ino.values():
+            if inode.staged is not None:
+                inode.staged.close()
+                inode.staged = None
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _inode(self, ino: int) -> Inode:
+        inode = self.inodes.get(ino)
+        if inode is None:
+            raise NotFound(f"inode {ino}")
+        return inode
+
+    def _dir(self, ino: int) -> Inode:
+        inode = self._inode(ino)
+        if inode.kind is not Kind.DIR:
+            raise NotADirectory(inode.path)
+        return inode
+
+    def _writable(self) -> None:
+        if self.settings.read_only:
+            raise ReadOnly("mounted read-only")
+
+    @staticmethod
+    def _lock(inode: Inode) -> trio.Lock:
+        return inode.lock

@@ -1,0 +1,65 @@
+"""Open files and directories: the ``fh`` numbers handed to the kernel.
+
+A file handle holds its inode and, for reads of a clean object, its own
+`Reader` (with its own sequential window); staged data belongs to the inode,
+shared by every handle of it. A directory handle holds a snapshot of the
+listing taken at the first readdir, so that offsets stay stable while the
+kernel pages through it (entries added meanwhile may or may not show, none
+is skipped or repeated: the FUSE readdir contract).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from tierfs.inodes import Inode
+from tierfs.reader import Reader
+
+
+@dataclass(eq=False)
+class FileHandle:
+    fh: int
+    inode: Inode
+    writable: bool
+    direct_io: bool = False
+    reader: Reader | None = None
+
+
+@dataclass(eq=False)
+class DirHandle:
+    fh: int
+    inode: Inode
+    entries: list[tuple[str, Inode]] | None = None
+    listed: set[int] = field(default_factory=set)
+
+
+H = TypeVar("H", FileHandle, DirHandle)
+
+
+class HandleTable(Generic[H]):
+    """Handle numbers to handles; numbers are never reused within a mount."""
+
+    def __init__(self) -> None:
+        self._numbers = itertools.count(1)
+        self._handles: dict[int, H] = {}
+
+    def next_number(self) -> int:
+        return next(self._numbers)
+
+    def add(self, handle: H) -> H:
+        self._handles[handle.fh] = handle
+        return handle
+
+    def __getitem__(self, fh: int) -> H:
+        return self._handles[fh]
+
+    def pop(self, fh: int) -> H | None:
+        return self._handles.pop(fh, None)
+
+    def values(self) -> list[H]:
+        return list(self._handles.values())
+
+    def __len__(self) -> int:
+        return len(self._handles)

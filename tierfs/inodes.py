@@ -1,0 +1,173 @@
+"""The inode table: inode numbers, what they stand for, and the kernel's lookup counts.
+
+An inode is a directory (by path), a symlink or a file. A *clean* file
+inode stands for one generation of one object: when another client writes a
+new generation, the next lookup makes a new inode, so the kernel sees
+"replaced" and never serves stale pages from its cache (gcsfuse does the
+same; this is what makes ``keep_cache`` safe). A file being written keeps its
+inode number across the uploads it causes.
+
+Lookup counts follow the FUSE contract: every reply that hands the kernel an
+inode (lookup, create, mkdir, symlink, readdir entries) adds one; ``forget``
+subtracts. An inode is dropped when the kernel has forgotten it and nothing
+local (an open handle, staged data) still needs it.
+
+Invariants:
+* ``by_path`` maps a live path to its current inode; an inode absent from it
+  is either replaced (an older generation still held by the kernel) or unlinked.
+* the root (ino 1) is never dropped.
+
+This module is synchronous and does no I/O: between two trio checkpoints its
+state changes atomically. Each inode carries the lock that serializes the slow
+(awaited) work on it: staging, uploading, renaming.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from tierfs.writer import Staged
+
+ROOT_INO = 1
+
+
+class Kind(enum.Enum):
+    FILE = "file"
+    DIR = "dir"
+    SYMLINK = "symlink"
+
+
+@dataclass(eq=False)
+class Inode:
+    """One inode. ``path`` is relative to the mount root, without a trailing '/'."""
+
+    ino: int
+    kind: Kind
+    path: str
+    size: int = 0
+    generation: int = 0  # 0: not (yet) in GCS
+    metageneration: int = 0
+    mtime_ns: int = 0
+    target: str = ""  # symlinks
+    lookups: int = 0
+    open_handles: int = 0
+    unlinked: bool = False
+    staged: Staged | None = None
+    placeholder: bool = False  # directories: a 'dir/' object exists
+    metadata: dict[str, str] = field(default_factory=dict)
+    lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def parent_path(self) -> str:
+        return self.path.rsplit("/", 1)[0] if "/" in self.path else ""
+
+    @property
+    def local_only(self) -> bool:
+        """Created here and not uploaded yet: GCS does not know it."""
+        return self.kind is Kind.FILE and self.generation == 0 and not self.unlinked
+
+    @property
+    def busy(self) -> bool:
+        return self.lookups > 0 or self.open_handles > 0 or self.staged is not None
+
+
+class InodeTable:
+    """All inodes the kernel may still name, and the current one for each path."""
+
+    def __init__(self, root_mtime_ns: int = 0) -> None:
+        self._numbers = itertools.count(ROOT_INO + 1)
+        root = Inode(ROOT_INO, Kind.DIR, "", mtime_ns=root_mtime_ns, lookups=1)
+        self.by_ino: dict[int, Inode] = {ROOT_INO: root}
+        self.by_path: dict[str, Inode] = {"": root}
+
+    def __getitem__(self, ino: int) -> Inode:
+        return self.by_ino[ino]
+
+    def get(self, ino: int) -> Inode | None:
+        return self.by_ino.get(ino)
+
+    def current(self, path: str) -> Inode | None:
+        return self.by_path.get(path)
+
+    def make(self, kind: Kind, path: str, **attrs: object) -> Inode:
+        """A new inode for ``path``, replacing whatever inode held it."""
+        inode = Inode(next(self._numbers), kind, path, **attrs)  # type: ignore[arg-type]
+        self.by_ino[inode.ino] = inode
+        old = self.by_path.get(path)
+        self.by_path[path] = inode
+        if old is not None:
+            self._maybe_drop(old)
+        return inode
+
+    def detach(self, inode: Inode) -> None:
+        """``inode`` no longer stands for its path (unlinked, rmdir'd or replaced)."""
+        if self.by_path.get(inode.path) is inode:
+            del self.by_path[inode.path]
+        self._maybe_drop(inode)
+
+    def move(self, inode: Inode, new_path: str) -> None:
+        """Rename: ``inode`` (and, for a directory, every inode below it) gets a new path."""
+        old_path = inode.path
+        moved = [inode]
+        if inode.kind is Kind.DIR:
+            prefix = old_path + "/" if old_path else ""
+            moved += [i for p, i in self.by_path.items() if prefix and p.startswith(prefix)]
+        for item in moved:
+            if self.by_path.get(item.path) is item:
+                del self.by_path[item.path]
+        for item in moved:
+            item.path = new_path + item.path[len(old_path) :]
+            displaced = self.by_path.get(item.path)
+            self.by_path[item.path] = item
+            if displaced is not None and displaced is not item:
+                self._maybe_drop(displaced)
+
+    def remember(self, inode: Inode, count: int = 1) -> None:
+        inode.lookups += count
+
+    def forget(self, ino: int, count: int) -> None:
+        inode = self.by_ino.get(ino)
+        if inode is None or ino == ROOT_INO:
+            return
+        inode.lookups = max(0, inode.lookups - count)
+        self._maybe_drop(inode)
+
+    def release(self, inode: Inode) -> None:
+        """Called when an inode's last open handle or staged data goes away."""
+        self._maybe_drop(inode)
+
+    def children(self, dir_path: str) -> list[Inode]:
+        """Current inodes directly below ``dir_path``."""
+        prefix = dir_path + "/" if dir_path else ""
+        return [
+            i
+            for p, i in self.by_path.items()
+            if p and p.startswith(prefix) and "/" not in p[len(prefix) :]
+        ]
+
+    def below(self, dir_path: str) -> list[Inode]:
+        prefix = dir_path + "/" if dir_path else ""
+        return [i for p, i in self.by_path.items() if p and p.startswith(prefix)]
+
+    def _maybe_drop(self, inode: Inode) -> None:
+        if inode.ino == ROOT_INO or inode.busy:
+            return
+        if self.by_path.get(inode.path) is inode:
+            # Still the current inode of its path: keep it only while it holds local state.
+            if inode.local_only:
+                return
+            del self.by_path[inode.path]
+        self.by_ino.pop(inode.ino, None)
+
+    def __len__(self) -> int:
+        return len(self.by_ino)

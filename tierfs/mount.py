@@ -1,0 +1,117 @@
+"""The composition root: config -> bucket -> filesystem -> a live FUSE mount.
+
+`serve` runs in the daemon (or in the foreground with ``--foreground``): it
+checks the mountpoint, connects to the bucket and checks it exists, mounts,
+tells the waiting parent that the mount answers (``ready``), then serves
+until the mount goes away. SIGTERM, SIGINT and SIGHUP upload pending writes
+and unmount; so does ``tierfs unmount`` (the kernel ends the session after
+every file is closed, and closing a file uploads it).
+
+The one nursery that owns background work lives here; pyfuse3's request
+loop runs inside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+import pyfuse3
+import trio
+
+from mount_options import Config
+from tierfs.errors import TierfsError
+from tierfs.filesystem import Filesystem, Settings
+from tierfs.mountpoint import MountError, check_before_mount
+from tierfs.operations import Operations
+from tierfs.storage import Bucket
+from tierfs.storage.gcs import GcsBucket, RetrySettings
+
+log = logging.getLogger("tierfs.mount")
+
+
+def connect(config: Config) -> GcsBucket:
+    """The bucket of a config, through the same client path production and tests use."""
+    return GcsBucket.connect(
+        config.bucket,
+        endpoint=config["gcs-connection:custom-endpoint"],
+        key_file=config["gcs-auth:key-file"],
+        anonymous=config["gcs-auth:anonymous-access"],
+        billing_project=config["gcs-connection:billing-project"],
+        app_name=config["app-name"],
+        retry=RetrySettings(
+            max_attempts=config["gcs-retries:max-retry-attempts"],
+            max_sleep_s=config["gcs-retries:max-retry-sleep"],
+            multiplier=config["gcs-retries:multiplier"],
+        ),
+        http_timeout_s=config["gcs-connection:http-client-timeout"],
+    )
+
+
+def fuse_options(config: Config) -> set[str]:
+    options = set(pyfuse3.default_options)
+    options.add(f"fsname={config.bucket}")
+    options.add("subtype=tierfs")
+    options.update(config.fuse_options)
+    return options
+
+
+async def serve(
+    config: Config,
+    ready: Callable[[str | None], None],
+    *,
+    bucket: Bucket | None = None,
+) -> None:
+    """Mount and serve until unmounted or signalled. ``ready(None)`` once the mount answers,
+    ``ready(message)`` if it never will."""
+    mountpoint = config.mountpoint
+    try:
+        check_before_mount(mountpoint)
+        if bucket is None:
+            gcs = connect(config)
+            await gcs.check()
+            bucket = gcs
+    except (MountError, TierfsError) as err:
+        ready(str(err))
+        return
+    settings = Settings.from_config(config, uid=os.getuid(), gid=os.getgid())
+    fs = Filesystem(bucket, settings)
+    operations = Operations(fs)
+    try:
+        pyfuse3.init(operations, mountpoint, fuse_options(config))
+    except RuntimeError as err:
+        ready(f"cannot mount {mountpoint}: {err}")
+        return
+    log.info("mounted gs://%s on %s", config.bucket, mountpoint)
+    signalled = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_on_signals, fs, signalled)
+            ready(None)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+    finally:
+        try:
+            with trio.CancelScope(shield=True):
+                await fs.sync_all()
+        except Exception as err:
+            log.error("pending writes could not be uploaded: %s", err)
+        fs.close()
+        # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
+        pyfuse3.close(unmount=signalled.is_set())
+        log.info("unmounted %s", mountpoint)
+
+
+async def _on_signals(fs: Filesystem, signalled: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("%s: uploading pending writes, then unmounting", signal.Signals(signum).name)
+            try:
+                await fs.sync_all()
+            except Exception as err:
+                log.error("pending writes could not be uploaded: %s", err)
+            signalled.set()
+            pyfuse3.terminate()
+            return

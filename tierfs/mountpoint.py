@@ -1,0 +1,114 @@
+"""The mountpoint and the kernel side: checks before mounting, the mount table, unmounting.
+
+Every check that can fail before a mount answers with one line naming the
+cause (`MountError`), so ``tierfs mount`` never shows a traceback:
+mountpoint missing, not a directory, already mounted, ``/dev/fuse`` missing,
+``fusermount3`` missing. A mountpoint left behind by a killed daemon
+("Transport endpoint is not connected") is recognised and unmounted, so that
+``tierfs unmount`` and a new ``tierfs mount`` both recover it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+class MountError(Exception):
+    """A failure to mount or unmount, as one line for the user."""
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    source: str
+    mountpoint: str
+    fstype: str
+
+
+def mounts() -> list[MountEntry]:
+    """The mount table (``/proc/self/mounts``), with octal escapes decoded."""
+    entries = []
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as table:
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 3:
+                entries.append(MountEntry(*(_unescape(f) for f in fields[:3])))
+    return entries
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 3 < len(text) and text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def mounted_here(mountpoint: str) -> MountEntry | None:
+    path = os.path.abspath(mountpoint)
+    found = None
+    for item in mounts():
+        if item.mountpoint == path:
+            found = item  # the last one is on top
+    return found
+
+
+def is_stale(mountpoint: str) -> bool:
+    """A FUSE mount whose daemon is gone answers every call with ENOTCONN."""
+    try:
+        os.stat(mountpoint)
+    except OSError as err:
+        return err.errno == errno.ENOTCONN
+    return False
+
+
+def check_before_mount(mountpoint: str) -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise MountError(
+            "/dev/fuse is missing: load the fuse module or give the container the device"
+        )
+    if shutil.which("fusermount3") is None:
+        raise MountError("fusermount3 is missing: install the fuse3 package")
+    if is_stale(mountpoint):
+        unmount(mountpoint, lazy=True)
+    try:
+        st = os.stat(mountpoint)
+    except FileNotFoundError:
+        raise MountError(f"mountpoint {mountpoint} does not exist") from None
+    except OSError as err:
+        raise MountError(f"mountpoint {mountpoint}: {err.strerror}") from None
+    if not os.path.isdir(mountpoint) or not (st.st_mode & 0o040000):
+        raise MountError(f"mountpoint {mountpoint} is not a directory")
+    entry = mounted_here(mountpoint)
+    if entry is not None and entry.fstype.startswith("fuse"):
+        raise MountError(
+            f"mountpoint {mountpoint} is busy: {entry.source} is already mounted there"
+        )
+
+
+def unmount(mountpoint: str, *, lazy: bool = False) -> None:
+    """Unmount with fusermount3 (umount as a fallback for root); one-line errors."""
+    command = ["fusermount3", "-u", *(["-z"] if lazy else []), mountpoint]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode == 0:
+        return
+    message = (result.stderr.strip().splitlines() or ["failed"])[-1]
+    if os.geteuid() == 0:
+        fallback = subprocess.run(
+            ["umount", *(["-l"] if lazy else []), mountpoint],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if fallback.returncode == 0:
+            return
+    if "busy" in message.lower():
+        raise MountError(f"cannot unmount {mountpoint}: it is busy (files are open there)")
+    raise MountError(f"cannot unmount {mountpoint}: {message.removeprefix('fusermount3: ')}")

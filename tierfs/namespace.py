@@ -1,0 +1,161 @@
+"""Names: how paths under the mountpoint map to object names, exactly as gcsfuse maps them.
+
+* A file ``a/b`` is the object ``PREFIX + "a/b"`` (``PREFIX`` is ``only-dir/``).
+* A directory ``a`` exists when the placeholder object ``a/`` exists, or, with
+  ``implicit-dirs``, when any object's name starts with ``a/``.
+* When both ``foo`` and ``foo/`` exist the directory is shown as ``foo`` and
+  the file as ``foo\\n`` (gcsfuse's convention).
+* Objects whose names cannot be paths (``a//b``, ``./x``, ``../x``, a part
+  longer than 255 bytes, a NUL) are hidden from listings and never looked up,
+  so no object name can reach outside the mount.
+* Symlinks: an object with metadata ``gcsfuse_symlink_target`` (old format,
+  empty body) or ``goog-reserved-file-is-symlink: true`` (new format, the
+  target is the body; gcsfuse >= 3.9 writes both keys).
+
+This module asks the bucket and returns plain data; it keeps no state and
+knows nothing of inodes or FUSE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from tierfs.errors import InvalidName, NameTooLong, NotFound
+from tierfs.storage import Bucket, ObjectInfo
+
+SYMLINK_TARGET_KEY = "gcsfuse_symlink_target"
+SYMLINK_FLAG_KEY = "goog-reserved-file-is-symlink"
+CONFLICT_SUFFIX = "\n"
+NAME_MAX_BYTES = 255
+OBJECT_NAME_MAX_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a lookup found at one path: a directory (placeholder or implied) or an object."""
+
+    is_dir: bool
+    info: ObjectInfo | None = None  # the file/symlink object, or the dir placeholder
+    placeholder: bool = False
+
+
+@dataclass(frozen=True)
+class DirListing:
+    files: tuple[tuple[str, ObjectInfo], ...]  # (entry name, object)
+    dirs: tuple[str, ...]
+
+
+def valid_part(part: str) -> bool:
+    return (
+        part not in ("", ".", "..")
+        and "\0" not in part
+        and "/" not in part
+        and len(part.encode("utf-8", "surrogatepass")) <= NAME_MAX_BYTES
+    )
+
+
+def decode_name(raw: bytes) -> str:
+    """A name from the kernel; GCS names are UTF-8, so other bytes cannot name an object."""
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidName("name is not valid UTF-8") from None
+    if len(raw) > NAME_MAX_BYTES:
+        raise NameTooLong(name)
+    return name
+
+
+def is_symlink(info: ObjectInfo) -> bool:
+    return SYMLINK_TARGET_KEY in info.metadata or info.metadata.get(SYMLINK_FLAG_KEY) == "true"
+
+
+class Namespace:
+    """Path <-> object-name mapping and the GCS requests that resolve one path."""
+
+    def __init__(self, bucket: Bucket, *, only_dir: str = "", implicit_dirs: bool = False) -> None:
+        self.bucket = bucket
+        self.prefix = only_dir.strip("/") + "/" if only_dir.strip("/") else ""
+        self.implicit_dirs = implicit_dirs
+
+    def file_object(self, path: str) -> str:
+        name = self.prefix + path
+        if len(name.encode("utf-8")) > OBJECT_NAME_MAX_BYTES:
+            raise NameTooLong(path)
+        return name
+
+    def dir_object(self, path: str) -> str:
+        """The placeholder object of a directory ('' for the mount root)."""
+        return self.prefix + path + "/" if path else self.prefix
+
+    def child_path(self, parent: str, name: str) -> str:
+        return f"{parent}/{name}" if parent else name
+
+    async def lookup(self, path: str) -> Found | None:
+        """Resolve one path with up to three concurrent requests (file, placeholder, implied)."""
+        if path.endswith(CONFLICT_SUFFIX):
+            info = await self._stat(self.file_object(path[: -len(CONFLICT_SUFFIX)]))
+            return Found(False, info) if info is not None else None
+        results: dict[str, object] = {}
+
+        async def stat_into(key: str, name: str) -> None:
+            results[key] = await self._stat(name)
+
+        async def implied() -> None:
+            listing = await self.bucket.list(self.dir_object(path), delimiter=None, max_results=1)
+            results["implied"] = bool(listing.objects or listing.prefixes)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stat_into, "file", self.file_object(path))
+            nursery.start_soon(stat_into, "dir", self.dir_object(path))
+            if self.implicit_dirs:
+                nursery.start_soon(implied)
+        placeholder = results.get("dir")
+        if isinstance(placeholder, ObjectInfo):
+            return Found(True, placeholder, placeholder=True)
+        if results.get("implied"):
+            return Found(True)
+        file_info = results.get("file")
+        if isinstance(file_info, ObjectInfo):
+            return Found(False, file_info)
+        return None
+
+    async def list_dir(self, path: str) -> DirListing:
+        prefix = self.dir_object(path)
+        listing = await self.bucket.list(prefix, delimiter="/")
+        dirs = []
+        for sub in listing.prefixes:
+            part = sub[len(prefix) : -1]
+            if valid_part(part):
+                dirs.append(part)
+        dir_set = set(dirs)
+        files = []
+        for info in listing.objects:
+            part = info.name[len(prefix) :]
+            if not valid_part(part):
+                continue  # the placeholder itself (''), or a name no path can hold
+            files.append((part + CONFLICT_SUFFIX if part in dir_set else part, info))
+        return DirListing(tuple(files), tuple(dirs))
+
+    async def list_below(self, path: str) -> tuple[ObjectInfo, ...]:
+        """Every object below a directory (recursively), its placeholder included."""
+        listing = await self.bucket.list(self.dir_object(path), delimiter=None)
+        return listing.objects
+
+    async def symlink_target(self, info: ObjectInfo) -> str:
+        target = info.metadata.get(SYMLINK_TARGET_KEY)
+        if target is not None:
+            return target
+        body = await self.bucket.read(
+            info.name, generation=info.generation, offset=0, length=info.size
+        )
+        return body.decode("utf-8", "replace")
+
+    async def _stat(self, name: str) -> ObjectInfo | None:
+        if not name:
+            return None
+        try:
+            return await self.bucket.stat(name)
+        except NotFound:
+            return None

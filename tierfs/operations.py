@@ -1,0 +1,243 @@
+"""pyfuse3 handlers: translation between the kernel's requests and `Filesystem`.
+
+Nothing here decides semantics. Each handler is wrapped by `_handler`, the
+one place where an exception becomes an errno: a `FUSEError` passes, a
+tierfs error or an ``OSError`` becomes its errno through `errno_of` (the one
+table), anything else is logged with its traceback and answered EIO. Only
+`FUSEError` may leave a pyfuse3 handler; anything else would end the mount.
+
+Unsupported operations answer as gcsfuse does: hard links and xattrs ENOSYS
+(so the kernel stops asking), mknod ENOTSUP.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from tierfs.errors import errno_of
+from tierfs.filesystem import Attr, Filesystem
+from tierfs.namespace import decode_name
+
+log = logging.getLogger("tierfs.fuse")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    @functools.wraps(fn)
+    async def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as err:
+            code = errno_of(err)
+            if code == errno.EIO:
+                log.error("%s failed: %s", fn.__name__, err, exc_info=err)
+            else:
+                log.debug("%s: %s -> %s", fn.__name__, err, errno.errorcode.get(code, code))
+            raise pyfuse3.FUSEError(code) from None
+
+    return wrapped
+
+
+def entry(attr: Attr) -> pyfuse3.EntryAttributes:
+    out = pyfuse3.EntryAttributes()
+    out.st_ino = attr.ino
+    out.generation = 0
+    out.entry_timeout = attr.entry_timeout_s
+    out.attr_timeout = attr.attr_timeout_s
+    out.st_mode = attr.mode
+    out.st_nlink = attr.nlink
+    out.st_uid = attr.uid
+    out.st_gid = attr.gid
+    out.st_rdev = 0
+    out.st_size = attr.size
+    out.st_blksize = 1 << 20
+    out.st_blocks = attr.blocks
+    out.st_atime_ns = attr.mtime_ns
+    out.st_mtime_ns = attr.mtime_ns
+    out.st_ctime_ns = attr.mtime_ns
+    return out
+
+
+class Operations(pyfuse3.Operations):
+    """The FUSE face of one `Filesystem`."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, fs: Filesystem) -> None:
+        super().__init__()
+        self.fs = fs
+
+    @_handler
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        if name in (b".", b".."):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        inode = await self.fs.lookup(parent_inode, decode_name(name))
+        return entry(self.fs.attr(inode))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for ino, count in inode_list:
+            self.fs.forget(ino, count)
+
+    @_handler
+    async def getattr(
+        self, inode: int, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        return entry(self.fs.getattr(inode))
+
+    @_handler
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        size = attr.st_size if fields.update_size else None
+        mtime = attr.st_mtime_ns if fields.update_mtime else None
+        # chmod/chown/atime: accepted and ignored, as gcsfuse does.
+        return entry(await self.fs.setattr(inode, size=size, mtime_ns=mtime))
+
+    @_handler
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return self.fs.readlink(inode).encode("utf-8")
+
+    @_handler
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        return self.fs.opendir(inode)
+
+    @_handler
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        for name, inode, next_id in await self.fs.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(
+                token, name.encode("utf-8"), entry(self.fs.attr(inode)), next_id
+            ):
+                break
+            self.fs.remember(inode)
+
+    @_handler
+    async def releasedir(self, fh: int) -> None:
+        self.fs.releasedir(fh)
+
+    @_handler
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        inode = await self.fs.mkdir(parent_inode, decode_name(name))
+        return entry(self.fs.attr(inode))
+
+    @_handler
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.fs.rmdir(parent_inode, decode_name(name))
+
+    @_handler
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.fs.unlink(parent_inode, decode_name(name))
+
+    @_handler
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        inode = await self.fs.symlink(parent_inode, decode_name(name), os.fsdecode(target))
+        return entry(self.fs.attr(inode))
+
+    @_handler
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        await self.fs.rename(
+            parent_inode_old,
+            decode_name(name_old),
+            parent_inode_new,
+            decode_name(name_new),
+            flags,
+        )
+
+    @_handler
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        if not mode & 0o100000 and mode & 0o170000:
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        handle, inode = await self.fs.create(parent_inode, decode_name(name), flags)
+        info = pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
+        return info, entry(self.fs.attr(inode))
+
+    @_handler
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        handle = await self.fs.open(inode, flags)
+        return pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
+
+    @_handler
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self.fs.read(fh, off, size)  # type: ignore[return-value]  # memoryview is fine
+
+    @_handler
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self.fs.write(fh, off, buf)
+
+    @_handler
+    async def flush(self, fh: int) -> None:
+        await self.fs.flush(fh)
+
+    @_handler
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.fs.fsync(fh)
+
+    @_handler
+    async def release(self, fh: int) -> None:
+        await self.fs.release(fh)
+
+    @_handler
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        info = self.fs.statfs()
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = info.block_size
+        out.f_frsize = info.block_size
+        out.f_blocks = info.blocks
+        out.f_bfree = info.free_blocks
+        out.f_bavail = info.free_blocks
+        out.f_files = info.files
+        out.f_ffree = info.free_files
+        out.f_favail = info.free_files
+        out.f_namemax = info.name_max
+        return out
+
+    async def link(self, *args: Any) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    async def mknod(self, *args: Any) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    async def getxattr(self, *args: Any) -> bytes:
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    async def setxattr(self, *args: Any) -> None:
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    async def listxattr(self, *args: Any) -> Sequence[bytes]:
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    async def removexattr(self, *args: Any) -> None:
+        raise pyfuse3.FUSEError(errno.ENOSYS)

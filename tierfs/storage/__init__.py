@@ -1,0 +1,127 @@
+"""Storage: the `Bucket` protocol that everything above talks to.
+
+Two implementations pass one contract suite (``tests/test_storage_contract.py``):
+`tierfs.storage.gcs.GcsBucket` (the only module that imports ``google.*``; real GCS
+or the emulator) and `tierfs.storage.memory.MemoryBucket` (a verified in-memory fake
+for fast core and model tests).
+
+The protocol is async. Implementations raise only `tierfs.errors` types
+(`NotFound`, `PreconditionFailed`, `AccessDenied`, `BackendError`), never a
+library's exception. Generations make every read and write precise: a read
+names the generation it wants, a write names the generation it replaces
+(0 = "must not exist yet"), so a lost race is a `PreconditionFailed`, never
+a silent overwrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What GCS knows about one generation of one object."""
+
+    name: str
+    size: int
+    generation: int
+    metageneration: int = 1
+    updated_s: float = 0.0
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    content_type: str | None = None
+    crc32c: str | None = None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One directory level: objects directly under the prefix, and sub-prefixes ('dir/')."""
+
+    objects: tuple[ObjectInfo, ...]
+    prefixes: tuple[str, ...]
+
+
+class Bucket(Protocol):
+    """One GCS bucket. Safe to call from many trio tasks at once."""
+
+    name: str
+
+    async def stat(self, name: str) -> ObjectInfo:
+        """The live generation of ``name``; `NotFound` if there is none."""
+        ...
+
+    async def list(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        max_results: int | None = None,
+        start_offset: str | None = None,
+    ) -> Listing:
+        """Objects and prefixes under ``prefix`` (all pages, sorted by name).
+
+        With ``delimiter='/'`` one directory level; with None every object
+        below. ``max_results`` caps objects + prefixes returned.
+        """
+        ...
+
+    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` of that generation (short at EOF).
+
+        `NotFound` if that generation is gone (overwritten or deleted).
+        """
+        ...
+
+    async def write_file(
+        self,
+        name: str,
+        path: str,
+        *,
+        if_generation_match: int | None,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> ObjectInfo:
+        """Upload a local file as the new generation of ``name``.
+
+        ``if_generation_match``: the generation being replaced, 0 for "must
+        not exist", None for unconditional. `PreconditionFailed` on a mismatch.
+        """
+        ...
+
+    async def write_bytes(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        if_generation_match: int | None,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> ObjectInfo:
+        """Like `write_file` for a small in-memory body (placeholders, symlinks)."""
+        ...
+
+    async def delete(self, name: str, *, if_generation_match: int | None = None) -> None:
+        """Delete the live generation. `NotFound` if absent; `PreconditionFailed` on mismatch."""
+        ...
+
+    async def copy(
+        self,
+        source: str,
+        destination: str,
+        *,
+        source_generation: int,
+        if_generation_match: int | None,
+    ) -> ObjectInfo:
+        """Server-side copy of one generation (metadata included) to a new name."""
+        ...
+
+    async def update_metadata(
+        self, name: str, metadata: Mapping[str, str | None], *, generation: int
+    ) -> ObjectInfo:
+        """Set (or, with None, remove) custom metadata keys of that generation."""
+        ...
+
+    def statistics(self) -> dict[str, int]:
+        """Counters so far: ``requests``, ``media_reads``, ``bytes_read``, ``bytes_written``..."""
+        ...

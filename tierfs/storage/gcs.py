@@ -1,0 +1,696 @@
+"""`GcsBucket`: the `Bucket` protocol over google-cloud-storage (real GCS or the emulator).
+
+This is the only module that imports ``google.*``. Three jobs happen here and nowhere else:
+
+Threads.  The client library blocks, so every call runs in ``trio.to_thread.run_sync``
+under one ``trio.CapacityLimiter`` per client: the limiter bounds concurrent requests
+(and threads), and the HTTP connection pool is sized to it so no connection is ever
+thrown away.  A thread gets only immutable inputs (names, numbers, copies of dicts) and
+builds its own ``Blob``; the only shared state threads touch is the statistics counter,
+behind a lock.  Cancelling a trio task waits for its request to finish (the HTTP timeout
+bounds that), so no thread outlives the call that started it.
+
+Retries.  gcsfuse's ``gcs-retries`` options (max attempts, backoff cap, multiplier) are
+mapped onto the library's own machinery, ``google.api_core.retry.Retry``, which wraps
+each HTTP request (one JSON call, one media GET, one upload chunk).  api_core has no
+attempt limit (only a deadline), so `_BoundedRetry` adds one: its ``on_error`` hook
+counts the attempts of one request and raises once the cap is reached.  Only transient
+failures are retried (408, 429, 5xx, connection and timeout errors).  Reads, stats,
+lists and metadata patches of a named generation are idempotent and always retried;
+writes, copies and deletes only when they carry an ``if_generation_match`` (a retried
+conditional write cannot clobber anyone; an unconditional one could).
+
+Errors.  Library exceptions become `tierfs.errors` at this edge: 404 -> `NotFound`,
+412 -> `PreconditionFailed`, 401/403 and credential failures -> `AccessDenied`,
+anything else (after retries) -> `BackendError`.  Messages are one line naming the
+object (``gs://bucket/name#generation``) and the cause, because they end up in logs and
+in the one-line error of ``tierfs mount``.  The original exception is kept as
+``__cause__`` for tracebacks in the log.
+
+Reads ask for an exact generation and a byte range; GCS (and the emulator) answer 416
+for a range starting at or past the end, which is simply EOF here.  Objects are read
+raw (``raw_download``), as gcsfuse does, so a gzip-encoded object reads as the bytes
+that ``size`` counts.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import google.auth
+import requests
+import requests.adapters
+import trio
+import urllib3
+from google.api_core import exceptions as api_exceptions
+from google.api_core.client_info import ClientInfo
+from google.api_core.retry import Retry
+from google.auth import exceptions as auth_exceptions
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.transport.requests import AuthorizedSession
+from google.cloud import storage
+from google.cloud.storage.exceptions import InvalidResponse
+
+import tierfs
+from tierfs.errors import (
+    AccessDenied,
+    BackendError,
+    NotFound,
+    PreconditionFailed,
+    TierfsError,
+)
+from tierfs.storage import Listing, ObjectInfo
+from tierfs.storage.memory import check_name
+
+__all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
+
+NO_CREDENTIALS = (
+    "no credentials found: set GOOGLE_APPLICATION_CREDENTIALS, use --key-file,"
+    " or --anonymous-access"
+)
+DEFAULT_CONCURRENCY = 32
+DEFAULT_HTTP_TIMEOUT_S = 60.0
+UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+_CHECK_ATTEMPTS = 3
+_MAX_DETAIL_CHARS = 300
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    requests.ConnectionError,
+    requests.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+    http.client.HTTPException,
+    urllib3.exceptions.HTTPError,
+)
+_STAT_KEYS = (
+    "requests",
+    "stats",
+    "lists",
+    "media_reads",
+    "bytes_read",
+    "uploads",
+    "bytes_written",
+    "deletes",
+    "copies",
+    "errors",
+    "retries",
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """gcsfuse's ``gcs-retries`` options, in the units api_core wants.
+
+    ``max_attempts`` counts requests, the first included (``max-retry-attempts``; 0 = no
+    cap, as in gcsfuse).  Sleeps grow from ``initial_sleep_s`` by ``multiplier`` up to
+    ``max_sleep_s`` (``max-retry-sleep``), with full jitter.  ``deadline_s`` bounds the
+    total time spent retrying one request (None = no bound, as in gcsfuse).
+    """
+
+    max_attempts: int = 0
+    max_sleep_s: float = 30.0
+    multiplier: float = 2.0
+    deadline_s: float | None = None
+    initial_sleep_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 0:
+            raise ValueError(f"max_attempts must be >= 0, got {self.max_attempts}")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
+        if self.initial_sleep_s <= 0 or self.max_sleep_s <= 0:
+            raise ValueError("retry sleeps must be > 0")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0 or None, got {self.deadline_s}")
+
+
+class _RetriesExhausted(Exception):
+    """Raised from the retry hook when a request used up its attempts."""
+
+    def __init__(self, attempts: int, cause: Exception) -> None:
+        super().__init__(f"gave up after {attempts} attempts: {cause!r}")
+        self.attempts = attempts
+        self.cause = cause
+
+
+def _is_transient(exc: Exception) -> bool:
+    """Worth another attempt: throttling, server errors, broken or slow connections."""
+    if isinstance(exc, api_exceptions.GoogleAPICallError):
+        return exc.code in _TRANSIENT_STATUS
+    if isinstance(exc, InvalidResponse):
+        return exc.response.status_code in _TRANSIENT_STATUS
+    if isinstance(exc, auth_exceptions.TransportError):
+        return True  # the token endpoint could not be reached
+    return isinstance(exc, _TRANSIENT_TYPES)
+
+
+class _BoundedRetry(Retry):
+    """api_core's exponential-backoff `Retry`, plus a cap on the attempts of one request.
+
+    ``Retry`` wraps one request at a time; each wrapped call gets its own attempt counter
+    (a closure), so the object itself stays immutable and is shared by all threads.
+    ``on_retry`` runs (in the worker thread) before every retry; it must be thread-safe.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_attempts: int = 0,
+        on_retry: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._max_attempts = max_attempts
+        self._on_retry = on_retry
+
+    def __call__(
+        self, func: Callable[..., Any], on_error: Callable[[Exception], Any] | None = None
+    ) -> Callable[..., Any]:
+        wrap = super().__call__
+        max_attempts, on_retry = self._max_attempts, self._on_retry
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            attempts = 1
+
+            def before_retry(exc: Exception) -> None:
+                nonlocal attempts
+                if max_attempts and attempts >= max_attempts:
+                    raise _RetriesExhausted(attempts, exc) from exc
+                attempts += 1
+                if on_retry is not None:
+                    on_retry()
+                if on_error is not None:
+                    on_error(exc)
+
+            return wrap(func, on_error=before_retry)(*args, **kwargs)
+
+        return run
+
+    def _keep(self, other: _BoundedRetry) -> _BoundedRetry:
+        other._max_attempts, other._on_retry = self._max_attempts, self._on_retry
+        return other
+
+    def with_timeout(self, timeout: float | None) -> _BoundedRetry:
+        return self._keep(super().with_timeout(timeout))
+
+    def with_predicate(self, predicate: Callable[[Exception], bool]) -> _BoundedRetry:
+        return self._keep(super().with_predicate(predicate))
+
+    def with_delay(
+        self,
+        initial: float | None = None,
+        maximum: float | None = None,
+        multiplier: float | None = None,
+    ) -> _BoundedRetry:
+        return self._keep(super().with_delay(initial, maximum, multiplier))
+
+
+class _Counters:
+    """Statistics shared by trio code and worker threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(_STAT_KEYS, 0)
+
+    def add(self, **increments: int) -> None:
+        with self._lock:
+            for key, value in increments.items():
+                self._values[key] += value
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_DETAIL_CHARS else line[: _MAX_DETAIL_CHARS - 1] + "…"
+
+
+def _status_of(exc: BaseException) -> int | None:
+    if isinstance(exc, api_exceptions.GoogleAPICallError):
+        return int(exc.code) if exc.code is not None else None
+    if isinstance(exc, InvalidResponse):
+        return int(exc.response.status_code)
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    """The cause of a failure in one short line, without URLs or response dumps."""
+    if isinstance(exc, _RetriesExhausted):
+        return f"{_describe(exc.cause)} (gave up after {exc.attempts} attempts)"
+    if isinstance(exc, api_exceptions.RetryError):
+        cause = exc.cause
+        detail = _describe(cause) if cause is not None else "retry deadline exceeded"
+        return f"{detail} (retry deadline exceeded)"
+    status = _status_of(exc)
+    if status is not None:
+        reason = ""
+        if isinstance(exc, api_exceptions.GoogleAPICallError):
+            errors = [e for e in exc.errors if isinstance(e, Mapping)]
+            if errors and errors[0].get("message"):
+                reason = str(errors[0]["message"])
+            elif exc.response is not None:
+                reason = str(getattr(exc.response, "reason", "") or "")
+        elif isinstance(exc, InvalidResponse):
+            reason = str(getattr(exc.response, "reason", "") or "")
+        if not reason:
+            reason = http.client.responses.get(status, "")
+        return _one_line(f"HTTP {status} {reason}".strip())
+    text = str(exc)
+    return _one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def _map_error(exc: BaseException, what: str) -> TierfsError:
+    """The tierfs error for a library failure while working on ``what``."""
+    if isinstance(exc, TierfsError):
+        return exc
+    root: BaseException = exc
+    if isinstance(exc, _RetriesExhausted):
+        root = exc.cause
+    status = _status_of(root)
+    if status == 404:
+        return NotFound(f"{what}: not found")
+    if status == 412:
+        return PreconditionFailed(f"{what}: generation precondition failed")
+    if status in (401, 403) or isinstance(
+        root, auth_exceptions.RefreshError | auth_exceptions.DefaultCredentialsError
+    ):
+        return AccessDenied(f"{what}: access denied: {_describe(root)}")
+    return BackendError(f"{what}: {_describe(exc)}")
+
+
+def _info(blob: storage.Blob) -> ObjectInfo:
+    """An `ObjectInfo` from the object resource the server returned."""
+    if blob.generation is None:
+        raise BackendError(f"{blob.name}: the server returned an object without a generation")
+    updated = blob.updated
+    return ObjectInfo(
+        name=blob.name,
+        size=int(blob.size or 0),
+        generation=int(blob.generation),
+        metageneration=int(blob.metageneration or 1),
+        updated_s=updated.timestamp() if updated is not None else 0.0,
+        metadata=dict(blob.metadata or {}),
+        content_type=blob.content_type,
+        crc32c=blob.crc32c,
+    )
+
+
+def _normalize_endpoint(endpoint: str) -> str:
+    """``host:port``, ``http://host:port/`` or ``.../storage/v1/`` -> ``scheme://host:port``."""
+    url = endpoint.strip().rstrip("/")
+    if url.endswith("/storage/v1"):
+        url = url[: -len("/storage/v1")]
+    if "://" not in url:
+        url = "https://" + url
+    return url
+
+
+def _credentials(key_file: str, anonymous: bool) -> Credentials:
+    """Credentials from a key file, anonymous, or Application Default Credentials."""
+    scopes = list(storage.Client.SCOPE)
+    if anonymous:
+        return AnonymousCredentials()
+    if key_file:
+        try:
+            credentials, _ = google.auth.load_credentials_from_file(key_file, scopes=scopes)
+        except (auth_exceptions.GoogleAuthError, OSError, ValueError) as exc:
+            raise AccessDenied(f"cannot use key file {key_file!r}: {_describe(exc)}") from None
+        return credentials
+    try:
+        credentials, _ = google.auth.default(scopes=scopes)
+    except auth_exceptions.DefaultCredentialsError as exc:
+        env = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        detail = f" (GOOGLE_APPLICATION_CREDENTIALS: {_one_line(str(exc))})" if env else ""
+        raise AccessDenied(NO_CREDENTIALS + detail) from None
+    return credentials
+
+
+class GcsBucket:
+    """One bucket on GCS or a GCS-compatible endpoint.  Build it with `connect`."""
+
+    def __init__(
+        self,
+        client: storage.Client,
+        bucket_name: str,
+        *,
+        retry: RetrySettings | None = None,
+        http_timeout_s: float = 0,
+        limiter: trio.CapacityLimiter | None = None,
+        billing_project: str = "",
+    ) -> None:
+        settings = retry if retry is not None else RetrySettings()
+        self.name = bucket_name
+        self._client = client
+        self._bucket = client.bucket(bucket_name, user_project=billing_project or None)
+        self._limiter = (
+            limiter if limiter is not None else trio.CapacityLimiter(DEFAULT_CONCURRENCY)
+        )
+        self._timeout_s = http_timeout_s if http_timeout_s > 0 else DEFAULT_HTTP_TIMEOUT_S
+        self._counters = _Counters()
+        self._retry = self._make_retry(settings, settings.max_attempts)
+        self._check_retry = self._make_retry(settings, settings.max_attempts or _CHECK_ATTEMPTS)
+        self._page_size: int | None = None  # None: the server's page size (1,000 on GCS)
+        self._chunk_bytes = UPLOAD_CHUNK_BYTES
+
+    @classmethod
+    def connect(
+        cls,
+        bucket_name: str,
+        *,
+        endpoint: str = "",
+        key_file: str = "",
+        anonymous: bool = False,
+        billing_project: str = "",
+        app_name: str = "",
+        retry: RetrySettings | None = None,
+        http_timeout_s: float = 0,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> GcsBucket:
+        """A bucket handle; no request is made (call `check` for that).
+
+        Credentials: ``key_file`` if given; anonymous if asked for, or when a custom
+        ``endpoint`` is used without a key file (emulators); otherwise Application
+        Default Credentials, which may consult the GCE metadata server: this call can
+        block for a few seconds, so run it in a thread from async code.  Raises
+        `AccessDenied` with a one-line message when no credentials can be found.
+        """
+        limiter = limiter if limiter is not None else trio.CapacityLimiter(DEFAULT_CONCURRENCY)
+        credentials = _credentials(key_file, anonymous or (bool(endpoint) and not key_file))
+        session = AuthorizedSession(credentials)
+        pool = max(int(limiter.total_tokens), 1) + 2
+        for scheme in ("https://", "http://"):
+            session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=pool))
+        user_agent = f"tierfs/{tierfs.__version__}" + (f" {app_name}" if app_name else "")
+        client_options = {"api_endpoint": _normalize_endpoint(endpoint)} if endpoint else None
+        client = storage.Client(
+            project=billing_project or None,
+            credentials=credentials,
+            _http=session,
+            client_info=ClientInfo(user_agent=user_agent),
+            client_options=client_options,
+        )
+        return cls(
+            client,
+            bucket_name,
+            retry=retry,
+            http_timeout_s=http_timeout_s,
+            limiter=limiter,
+            billing_project=billing_project,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connections.  The handle must not be used afterwards."""
+        self._client.close()
+
+    def statistics(self) -> dict[str, int]:
+        return self._counters.snapshot()
+
+    # -- the protocol --------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Verify the bucket exists and its objects can be listed (what a mount needs).
+
+        Lists at most one object rather than reading bucket metadata, so principals with
+        object roles only (no ``storage.buckets.get``) pass.  Transient failures are
+        retried a few times at most, so a mount fails fast instead of hanging.
+        """
+        bucket, retry, timeout = self._bucket, self._check_retry, self._timeout_s
+        client = self._client
+
+        def run() -> None:
+            iterator = client.list_blobs(bucket, max_results=1, retry=retry, timeout=timeout)
+            for _ in iterator:
+                pass
+
+        self._counters.add(requests=1, lists=1)
+        try:
+            await trio.to_thread.run_sync(run, limiter=self._limiter)
+        except Exception as exc:
+            self._counters.add(errors=1)
+            error = _map_error(exc, f"gs://{self.name}")
+            if isinstance(error, NotFound):
+                raise NotFound(f"bucket {self.name!r} does not exist") from exc
+            if isinstance(error, AccessDenied):
+                raise AccessDenied(
+                    f"access to bucket {self.name!r} denied: {_describe(exc)}"
+                ) from exc
+            raise BackendError(f"cannot reach bucket {self.name!r}: {_describe(exc)}") from exc
+
+    async def stat(self, name: str) -> ObjectInfo:
+        bucket, retry, timeout = self._bucket, self._retry, self._timeout_s
+
+        def run() -> ObjectInfo:
+            blob = bucket.get_blob(name, retry=retry, timeout=timeout)
+            if blob is None:
+                raise NotFound(f"gs://{bucket.name}/{name}: not found")
+            return _info(blob)
+
+        return await self._call(run, f"gs://{self.name}/{name}", requests=1, stats=1)
+
+    async def list(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        max_results: int | None = None,
+        start_offset: str | None = None,
+    ) -> Listing:
+        if max_results is not None and max_results <= 0:
+            raise ValueError(f"max_results must be positive, got {max_results}")
+        client, bucket, retry, timeout = self._client, self._bucket, self._retry, self._timeout_s
+        page_size = self._page_size
+        if max_results is not None:
+            page_size = min(page_size or max_results, max_results)
+        counters = self._counters
+
+        def run() -> Listing:
+            iterator = client.list_blobs(
+                bucket,
+                prefix=prefix or None,
+                delimiter=delimiter,
+                start_offset=start_offset or None,
+                page_size=page_size,
+                retry=retry,
+                timeout=timeout,
+            )
+            objects: list[ObjectInfo] = []
+            prefixes: set[str] = set()
+            for page in iterator.pages:
+                counters.add(requests=1, lists=1)
+                objects.extend(_info(blob) for blob in page)
+                prefixes.update(page.prefixes)
+                if max_results is not None and len(objects) + len(prefixes) >= max_results:
+                    break
+            return _listing(objects, prefixes, max_results)
+
+        return await self._call(run, f"gs://{self.name}/{prefix}*")
+
+    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0:
+            raise ValueError(f"negative offset or length: {offset}, {length}")
+        if length == 0:
+            await trio.lowlevel.checkpoint()
+            return b""
+        bucket, retry, timeout = self._bucket, self._retry, self._timeout_s
+
+        def run() -> bytes:
+            blob = bucket.blob(name, generation=generation)
+            try:
+                data: bytes = blob.download_as_bytes(
+                    start=offset,
+                    end=offset + length - 1,
+                    raw_download=True,
+                    retry=retry,
+                    timeout=timeout,
+                )
+            except (api_exceptions.GoogleAPICallError, InvalidResponse) as exc:
+                if _status_of(exc) == 416:  # range starts at or past the end
+                    return b""
+                raise
+            return data
+
+        data = await self._call(
+            run, f"gs://{self.name}/{name}#{generation}", requests=1, media_reads=1
+        )
+        self._counters.add(bytes_read=len(data))
+        return data
+
+    async def write_file(
+        self,
+        name: str,
+        path: str,
+        *,
+        if_generation_match: int | None,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> ObjectInfo:
+        check_name(name)
+        blob_metadata = dict(metadata) if metadata else None
+        retry = self._retry if if_generation_match is not None else None
+        bucket, timeout, chunk_bytes = self._bucket, self._timeout_s, self._chunk_bytes
+        counters = self._counters
+
+        def run() -> ObjectInfo:
+            size = os.path.getsize(path)
+            blob = bucket.blob(name, chunk_size=chunk_bytes)
+            blob.metadata = blob_metadata
+            blob.upload_from_filename(
+                path,
+                content_type=content_type or DEFAULT_CONTENT_TYPE,
+                if_generation_match=if_generation_match,
+                checksum="crc32c",
+                retry=retry,
+                timeout=timeout,
+            )
+            counters.add(bytes_written=size)
+            return _info(blob)
+
+        return await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
+
+    async def write_bytes(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        if_generation_match: int | None,
+        metadata: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> ObjectInfo:
+        check_name(name)
+        body = bytes(data)
+        blob_metadata = dict(metadata) if metadata else None
+        retry = self._retry if if_generation_match is not None else None
+        bucket, timeout, chunk_bytes = self._bucket, self._timeout_s, self._chunk_bytes
+
+        def run() -> ObjectInfo:
+            blob = bucket.blob(name, chunk_size=chunk_bytes)
+            blob.metadata = blob_metadata
+            blob.upload_from_string(
+                body,
+                content_type=content_type or DEFAULT_CONTENT_TYPE,
+                if_generation_match=if_generation_match,
+                checksum="crc32c",
+                retry=retry,
+                timeout=timeout,
+            )
+            return _info(blob)
+
+        info = await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
+        self._counters.add(bytes_written=len(body))
+        return info
+
+    async def delete(self, name: str, *, if_generation_match: int | None = None) -> None:
+        bucket, timeout = self._bucket, self._timeout_s
+        retry = self._retry if if_generation_match is not None else None
+
+        def run() -> None:
+            bucket.blob(name).delete(
+                if_generation_match=if_generation_match, retry=retry, timeout=timeout
+            )
+
+        await self._call(run, f"gs://{self.name}/{name}", requests=1, deletes=1)
+
+    async def copy(
+        self,
+        source: str,
+        destination: str,
+        *,
+        source_generation: int,
+        if_generation_match: int | None,
+    ) -> ObjectInfo:
+        check_name(destination)
+        bucket, timeout = self._bucket, self._timeout_s
+        retry = self._retry if if_generation_match is not None else None
+        counters = self._counters
+
+        def run() -> ObjectInfo:
+            # rewrite, not copyTo: large or cross-class copies may take several calls.
+            source_blob = bucket.blob(source, generation=source_generation)
+            target = bucket.blob(destination)
+            token: str | None = None
+            while True:
+                counters.add(requests=1, copies=1)
+                token, _, _ = target.rewrite(
+                    source_blob,
+                    token=token,
+                    if_generation_match=if_generation_match,
+                    retry=retry,
+                    timeout=timeout,
+                )
+                if token is None:
+                    return _info(target)
+
+        what = f"gs://{self.name}/{source}#{source_generation} -> {destination}"
+        return await self._call(run, what)
+
+    async def update_metadata(
+        self, name: str, metadata: Mapping[str, str | None], *, generation: int
+    ) -> ObjectInfo:
+        changes = dict(metadata)
+        bucket, retry, timeout = self._bucket, self._retry, self._timeout_s
+
+        def run() -> ObjectInfo:
+            blob = bucket.blob(name, generation=generation)
+            blob.metadata = changes  # a None value is sent as null: GCS removes the key
+            blob.patch(retry=retry, timeout=timeout)
+            return _info(blob)
+
+        return await self._call(run, f"gs://{self.name}/{name}#{generation}", requests=1)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _make_retry(self, settings: RetrySettings, max_attempts: int) -> _BoundedRetry:
+        counters = self._counters
+
+        def on_retry() -> None:
+            counters.add(retries=1, requests=1)
+
+        return _BoundedRetry(
+            predicate=_is_transient,
+            initial=settings.initial_sleep_s,
+            maximum=settings.max_sleep_s,
+            multiplier=settings.multiplier,
+            timeout=settings.deadline_s,
+            max_attempts=max_attempts,
+            on_retry=on_retry,
+        )
+
+    async def _call(self, run: Callable[[], T], what: str, **counts: int) -> T:
+        """Run ``run`` in a worker thread under the limiter; map its failure at the edge."""
+        if counts:
+            self._counters.add(**counts)
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        except Exception as exc:
+            self._counters.add(errors=1)
+            error = _map_error(exc, what)
+            if error is exc:
+                raise
+            raise error from exc
+
+
+def _listing(objects: list[ObjectInfo], prefixes: set[str], max_results: int | None) -> Listing:
+    """Sort, and cap objects + prefixes together at ``max_results`` in name order."""
+    objects.sort(key=lambda info: info.name)
+    ordered = sorted(prefixes)
+    if max_results is not None and len(objects) + len(ordered) > max_results:
+        merged = sorted(
+            [(info.name, info) for info in objects] + [(p, None) for p in ordered],
+            key=lambda entry: entry[0],
+        )[:max_results]
+        objects = [info for _, info in merged if info is not None]
+        ordered = [name for name, info in merged if info is None]
+    return Listing(objects=tuple(objects), prefixes=tuple(ordered))

@@ -1,0 +1,145 @@
+"""Staged writes: a file being written lives in a local temp file until it is uploaded.
+
+This is gcsfuse's staged (legacy) write path and the base every other write
+mode falls back to. Opening an existing object for writing costs nothing;
+the first write (or truncate) copies the object into an anonymous temp file
+under ``temp-dir``; writes and reads then go to that file; flush, fsync and
+close upload the whole file as a new generation, preconditioned on the
+generation it was copied from (0 for a new file). A lost race is a
+`PreconditionFailed` (ESTALE) and the other writer's object is left alone.
+
+The temp file is unlinked as soon as it is created, so a crash leaves
+nothing behind; the upload reads it back through ``/proc/self/fd/N``.
+Local disk errors (ENOSPC...) surface as the ``OSError`` they are and reach
+the writer with their own errno.
+
+``version`` counts writes, so an upload that raced with a write knows the
+file is still dirty afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import mimetypes
+import os
+import tempfile
+from collections.abc import Mapping
+
+import trio
+
+from tierfs.storage import Bucket, ObjectInfo
+
+COPY_CHUNK_BYTES = 8 << 20
+MTIME_KEY = "gcsfuse_mtime"
+
+
+class Staged:
+    """The local copy of one file being written."""
+
+    def __init__(self, fd: int, base_generation: int, size: int) -> None:
+        self.fd = fd
+        self.base_generation = base_generation
+        self.size = size
+        self.version = 0
+        self.uploaded_version = -1 if base_generation == 0 else 0
+        self.clobbered = False
+
+    @classmethod
+    def new(cls, temp_dir: str, base_generation: int = 0) -> Staged:
+        fd, path = tempfile.mkstemp(prefix="tierfs-", dir=temp_dir or None)
+        os.unlink(path)
+        return cls(fd, base_generation, 0)
+
+    @classmethod
+    async def from_object(
+        cls, bucket: Bucket, info: ObjectInfo, temp_dir: str, length: int
+    ) -> Staged:
+        """A staged copy of the first ``length`` bytes of one generation."""
+        staged = cls.new(temp_dir, info.generation)
+        try:
+            offset = 0
+            while offset < length:
+                chunk = await bucket.read(
+                    info.name,
+                    generation=info.generation,
+                    offset=offset,
+                    length=min(COPY_CHUNK_BYTES, length - offset),
+                )
+                if not chunk:
+                    break
+                await trio.to_thread.run_sync(os.pwrite, staged.fd, chunk, offset)
+                offset += len(chunk)
+            staged.size = offset
+        except BaseException:
+            staged.close()
+            raise
+        return staged
+
+    @property
+    def dirty(self) -> bool:
+        return self.version != self.uploaded_version
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+    def pwrite(self, offset: int, data: bytes) -> int:
+        written = os.pwrite(self.fd, data, offset)
+        self.size = max(self.size, offset + written)
+        self.version += 1
+        return written
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size = size
+        self.version += 1
+
+    def touch(self) -> None:
+        """Mark dirty without changing bytes (an mtime change to upload)."""
+        self.version += 1
+
+    async def upload(
+        self, bucket: Bucket, object_name: str, metadata: Mapping[str, str]
+    ) -> ObjectInfo:
+        """Upload the whole file as a new generation; `PreconditionFailed` if clobbered."""
+        version = self.version
+        info = await bucket.write_file(
+            object_name,
+            f"/proc/self/fd/{self.fd}",
+            if_generation_match=self.base_generation,
+            metadata=metadata,
+            content_type=mimetypes.guess_type(object_name)[0],
+        )
+        self.base_generation = info.generation
+        self.uploaded_version = version
+        return info
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def format_mtime(mtime_ns: int) -> str:
+    """RFC 3339 with nanoseconds in UTC, as gcsfuse writes ``gcsfuse_mtime``."""
+    seconds, nanos = divmod(mtime_ns, 1_000_000_000)
+    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    fraction = f"{nanos:09d}".rstrip("0")
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+
+
+def parse_mtime(metadata: Mapping[str, str], updated_s: float) -> int:
+    """mtime in ns: ``gcsfuse_mtime``, else ``goog-reserved-file-mtime``, else the update time."""
+    text = metadata.get(MTIME_KEY)
+    if text:
+        try:
+            head, _, frac = text.rstrip("Z").partition(".")
+            base = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S")
+            seconds = int(base.replace(tzinfo=datetime.UTC).timestamp())
+            nanos = int((frac + "000000000")[:9]) if frac else 0
+            return seconds * 1_000_000_000 + nanos
+        except ValueError:
+            pass
+    legacy = metadata.get("goog-reserved-file-mtime")
+    if legacy and legacy.isdigit():
+        return int(legacy) * 1_000_000_000
+    return int(updated_s * 1_000_000_000)
