@@ -155,8 +155,10 @@ class Emulator:
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         log_level: str = "warn",
+        outlive_parent: bool = False,
     ) -> None:
         self.data_dir = data_dir
+        self.outlive_parent = outlive_parent
         self.requested_port = port
         self.binary = binary
         self.ready_timeout = ready_timeout
@@ -221,6 +223,21 @@ class Emulator:
                 self._log.close()
                 self._log = None
             self._port = None
+
+    def detach(self) -> int:
+        """Leave the server running after this process exits (``tierfs demo --keep``).
+
+        Needs ``outlive_parent=True``; returns the PID to stop it with later.
+        """
+        if self._proc is None or not self.outlive_parent:
+            raise EmulatorError("only a running emulator started with outlive_parent=True detaches")
+        pid = self._proc.pid
+        atexit.unregister(self.stop)
+        self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return pid
 
     def __enter__(self) -> Self:
         return self.start()
@@ -333,7 +350,7 @@ class Emulator:
                 stderr=self._log,
                 # Own session: a terminal Ctrl-C hits only us, and stop() tears down in order.
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=None if self.outlive_parent else _die_with_parent(),
             )
         except OSError as exc:
             self._log.close()

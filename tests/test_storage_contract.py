@@ -1,0 +1,891 @@
+"""The `Bucket` contract, run against `MemoryBucket` and `GcsBucket` on the emulator.
+
+One suite for both is what makes the in-memory fake trustworthy: every behaviour the
+core relies on is checked against an independent GCS implementation talking over real
+HTTP.  Where the emulator is known to differ from real GCS, the test states the GCS
+behaviour and is marked ``xfail(strict=True)`` for the emulator only: if the emulator
+is ever fixed, the strict xfail fails and the mark must go.
+
+Then tests of `GcsBucket` alone (error mapping, retries against a local fake HTTP server
+that answers what we tell it, credentials) and of `MemoryBucket`'s test hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import trio
+from google.cloud import storage
+
+from tierfs.emulator import Emulator
+from tierfs.errors import (
+    AccessDenied,
+    BackendError,
+    InvalidName,
+    NotFound,
+    PreconditionFailed,
+)
+from tierfs.storage import Bucket, Listing
+from tierfs.storage.gcs import NO_CREDENTIALS, GcsBucket, RetrySettings, _normalize_endpoint
+from tierfs.storage.memory import MemoryBucket
+
+KiB = 1024
+MiB = 1024 * KiB
+STAT_KEYS = {
+    "requests",
+    "stats",
+    "lists",
+    "media_reads",
+    "bytes_read",
+    "uploads",
+    "bytes_written",
+    "deletes",
+    "copies",
+    "errors",
+    "retries",
+}
+FAST_RETRY = RetrySettings(max_attempts=3, initial_sleep_s=0.001, max_sleep_s=0.002)
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "emulator"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def bucket(backend: str, request: pytest.FixtureRequest) -> Iterator[Bucket]:
+    if backend == "memory":
+        yield MemoryBucket("contract")
+        return
+    emulator: Emulator = request.getfixturevalue("emulator")
+    name: str = request.getfixturevalue("bucket_name")
+    gcs = GcsBucket.connect(name, endpoint=emulator.endpoint, anonymous=True)
+    try:
+        yield gcs
+    finally:
+        gcs.close()
+
+
+@pytest.fixture
+def emulator_diverges(backend: str, request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Call with the reason to mark the current test xfail(strict) on the emulator only."""
+
+    def mark(reason: str) -> None:
+        if backend == "emulator":
+            request.applymarker(pytest.mark.xfail(strict=True, reason=f"emulator: {reason}"))
+
+    return mark
+
+
+def names_of(listing: Listing) -> list[str]:
+    return [info.name for info in listing.objects]
+
+
+async def read_all(bucket: Bucket, name: str, generation: int) -> bytes:
+    return await bucket.read(name, generation=generation, offset=0, length=1 << 40)
+
+
+# --- the contract: stat, write, read ------------------------------------------------------
+
+
+async def test_stat_of_missing_object_is_not_found(bucket: Bucket) -> None:
+    with pytest.raises(NotFound):
+        await bucket.stat("no/such/object")
+
+
+async def test_write_bytes_then_stat_and_read(bucket: Bucket) -> None:
+    data = os.urandom(10 * KiB)
+    info = await bucket.write_bytes("dir/obj.bin", data, if_generation_match=0)
+    assert (info.name, info.size, info.metageneration) == ("dir/obj.bin", len(data), 1)
+    assert info.generation > 0
+    assert info.metadata == {}
+    assert info.content_type == "application/octet-stream"
+    assert info.crc32c
+    assert info.updated_s > 1_600_000_000
+
+    stat = await bucket.stat("dir/obj.bin")
+    assert (stat.generation, stat.size, stat.crc32c) == (info.generation, len(data), info.crc32c)
+
+    gen = info.generation
+    assert await read_all(bucket, "dir/obj.bin", gen) == data
+    assert await bucket.read("dir/obj.bin", generation=gen, offset=100, length=50) == data[100:150]
+    # Short at EOF, empty past it, empty for a zero length.
+    tail = await bucket.read("dir/obj.bin", generation=gen, offset=len(data) - 10, length=100)
+    assert tail == data[-10:]
+    assert await bucket.read("dir/obj.bin", generation=gen, offset=len(data), length=10) == b""
+    assert await bucket.read("dir/obj.bin", generation=gen, offset=len(data) + 5, length=1) == b""
+    assert await bucket.read("dir/obj.bin", generation=gen, offset=0, length=0) == b""
+
+
+async def test_write_file_round_trip(bucket: Bucket, tmp_path: Path) -> None:
+    # Above 8 MiB the client library switches to a resumable upload: cover both paths.
+    for name, size in (("small", 100 * KiB), ("large", 9 * MiB)):
+        data = os.urandom(size)
+        path = tmp_path / name
+        path.write_bytes(data)
+        info = await bucket.write_file(
+            f"files/{name}", str(path), if_generation_match=0, content_type="text/x-test"
+        )
+        assert (info.size, info.content_type) == (size, "text/x-test")
+        assert (await bucket.stat(f"files/{name}")).generation == info.generation
+        assert await read_all(bucket, f"files/{name}", info.generation) == data
+        middle = await bucket.read(f"files/{name}", generation=info.generation, offset=7, length=9)
+        assert middle == data[7:16]
+
+
+async def test_zero_size_objects(bucket: Bucket, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    for info in (
+        await bucket.write_bytes("empty-bytes", b"", if_generation_match=0),
+        await bucket.write_file("empty-file", str(empty), if_generation_match=0),
+    ):
+        assert info.size == 0
+        assert (await bucket.stat(info.name)).size == 0
+        assert await read_all(bucket, info.name, info.generation) == b""
+        assert await bucket.read(info.name, generation=info.generation, offset=3, length=4) == b""
+
+
+async def test_generations_increase_on_overwrite(bucket: Bucket) -> None:
+    generations = []
+    previous = 0
+    for round_ in range(3):
+        info = await bucket.write_bytes("obj", b"v%d" % round_, if_generation_match=previous)
+        generations.append(info.generation)
+        previous = info.generation
+    assert generations == sorted(set(generations))
+    stat = await bucket.stat("obj")
+    assert stat.generation == generations[-1]
+    assert await read_all(bucket, "obj", stat.generation) == b"v2"
+
+
+async def test_must_not_exist_precondition(bucket: Bucket, tmp_path: Path) -> None:
+    first = await bucket.write_bytes("obj", b"first", if_generation_match=0)
+    path = tmp_path / "f"
+    path.write_bytes(b"second")  # small: a single-request upload, see the next test
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_bytes("obj", b"second", if_generation_match=0)
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_file("obj", str(path), if_generation_match=0)
+    assert (await bucket.stat("obj")).generation == first.generation
+
+
+async def test_stale_generation_precondition(bucket: Bucket, tmp_path: Path) -> None:
+    # Single-request sizes only: the emulator ignores ifGenerationMatch on resumable
+    # uploads (GCS does not), so > 8 MiB files are not checked here.
+    old = await bucket.write_bytes("obj", b"one", if_generation_match=0)
+    new = await bucket.write_bytes("obj", b"two", if_generation_match=old.generation)
+    path = tmp_path / "f"
+    path.write_bytes(b"three")
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_bytes("obj", b"three", if_generation_match=old.generation)
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_file("obj", str(path), if_generation_match=old.generation)
+    with pytest.raises(PreconditionFailed):  # a generation of a name that does not exist
+        await bucket.write_bytes("missing", b"x", if_generation_match=new.generation)
+    assert (await bucket.stat("obj")).generation == new.generation
+    unconditional = await bucket.write_bytes("obj", b"four", if_generation_match=None)
+    assert unconditional.generation > new.generation
+
+
+async def test_read_of_a_replaced_or_deleted_generation_is_not_found(bucket: Bucket) -> None:
+    old = await bucket.write_bytes("obj", b"old data", if_generation_match=0)
+    new = await bucket.write_bytes("obj", b"new data", if_generation_match=old.generation)
+    with pytest.raises(NotFound):
+        await bucket.read("obj", generation=old.generation, offset=0, length=3)
+    assert await bucket.read("obj", generation=new.generation, offset=0, length=3) == b"new"
+    await bucket.delete("obj")
+    with pytest.raises(NotFound):
+        await bucket.read("obj", generation=new.generation, offset=0, length=3)
+
+
+# --- listing ------------------------------------------------------------------------------
+
+
+async def test_list_with_delimiter(bucket: Bucket) -> None:
+    names = [
+        "a.txt",
+        "top",
+        "dir/",  # a directory placeholder, as gcsfuse writes them
+        "dir/b",
+        "dir/sub/c",
+        "dir with space/ü.txt",
+        "ünïcödé/x",
+        "dirt",
+    ]
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            nursery.start_soon(lambda n=name: bucket.write_bytes(n, b"x", if_generation_match=0))
+
+    root = await bucket.list("")
+    assert names_of(root) == ["a.txt", "dirt", "top"]
+    assert root.prefixes == ("dir with space/", "dir/", "ünïcödé/")
+
+    sub = await bucket.list("dir/")
+    assert names_of(sub) == ["dir/", "dir/b"]  # the placeholder lists as an object of its own
+    assert sub.prefixes == ("dir/sub/",)
+
+    assert names_of(await bucket.list("dir with space/")) == ["dir with space/ü.txt"]
+    partial = await bucket.list("dir")  # a prefix that is not a directory
+    assert names_of(partial) == ["dirt"]
+    assert partial.prefixes == ("dir with space/", "dir/")
+    assert await bucket.list("nothing/") == Listing(objects=(), prefixes=())
+
+
+async def test_list_without_delimiter(bucket: Bucket) -> None:
+    for name in ("d/a", "d/b/c", "d/b/d/e", "e", "d/"):
+        await bucket.write_bytes(name, b"1", if_generation_match=0)
+    everything = await bucket.list("", delimiter=None)
+    assert names_of(everything) == ["d/", "d/a", "d/b/c", "d/b/d/e", "e"]
+    assert everything.prefixes == ()
+    assert names_of(await bucket.list("d/b", delimiter=None)) == ["d/b/c", "d/b/d/e"]
+
+
+async def test_list_max_results_and_start_offset(bucket: Bucket) -> None:
+    for name in ("m/a", "m/b/x", "m/b/y", "m/c", "m/d"):
+        await bucket.write_bytes(name, b"1", if_generation_match=0)
+    # max_results caps objects and prefixes together, in name order.
+    capped = await bucket.list("m/", max_results=3)
+    assert (names_of(capped), capped.prefixes) == (["m/a", "m/c"], ("m/b/",))
+    capped = await bucket.list("m/", max_results=2)
+    assert (names_of(capped), capped.prefixes) == (["m/a"], ("m/b/",))
+    assert names_of(await bucket.list("m/", delimiter=None, max_results=2)) == ["m/a", "m/b/x"]
+    assert names_of(await bucket.list("m/", start_offset="m/c")) == ["m/c", "m/d"]
+
+
+async def test_list_follows_all_pages(bucket: Bucket, backend: str) -> None:
+    # GCS pages at 1,000 entries.  The emulator slows down as a bucket grows (its
+    # memory backend scans linearly), so there a small page size does the exercising.
+    count = 1_100 if backend == "memory" else 240
+    if isinstance(bucket, GcsBucket):
+        bucket._page_size = 50
+    expected = [f"many/{i:05d}" for i in range(count)]
+
+    async def create(name: str) -> None:
+        await bucket.write_bytes(name, b"", if_generation_match=0)
+
+    async with trio.open_nursery() as nursery:
+        for name in expected:
+            nursery.start_soon(create, name)
+
+    lists_before = bucket.statistics()["lists"]
+    listing = await bucket.list("many/", delimiter=None)
+    assert names_of(listing) == expected
+    if isinstance(bucket, GcsBucket):
+        assert bucket.statistics()["lists"] - lists_before == -(-count // 50)
+    root = await bucket.list("")
+    assert (root.objects, root.prefixes) == ((), ("many/",))
+
+
+# --- delete, copy, metadata ---------------------------------------------------------------
+
+
+async def test_delete(bucket: Bucket) -> None:
+    info = await bucket.write_bytes("obj", b"x", if_generation_match=0)
+    await bucket.delete("obj")
+    with pytest.raises(NotFound):
+        await bucket.stat("obj")
+    with pytest.raises(NotFound):
+        await bucket.delete("obj")
+    again = await bucket.write_bytes("obj", b"y", if_generation_match=0)
+    assert again.generation > info.generation
+    await bucket.delete("obj", if_generation_match=again.generation)
+    assert await bucket.list("", delimiter=None) == Listing(objects=(), prefixes=())
+
+
+async def test_delete_with_a_stale_generation_fails(
+    bucket: Bucket, emulator_diverges: Callable[[str], None]
+) -> None:
+    emulator_diverges("delete ignores ifGenerationMatch")
+    old = await bucket.write_bytes("obj", b"x", if_generation_match=0)
+    new = await bucket.write_bytes("obj", b"y", if_generation_match=old.generation)
+    with pytest.raises(PreconditionFailed):
+        await bucket.delete("obj", if_generation_match=old.generation)
+    assert (await bucket.stat("obj")).generation == new.generation
+
+
+async def test_copy_of_a_generation(bucket: Bucket) -> None:
+    metadata = {"gcsfuse_mtime": "2024-05-06T07:08:09.123456789Z", "k": "v"}
+    src = await bucket.write_bytes(
+        "src", b"payload", if_generation_match=0, metadata=metadata, content_type="text/plain"
+    )
+    dst = await bucket.copy("src", "dst", source_generation=src.generation, if_generation_match=0)
+    assert (dst.name, dst.size, dst.metageneration) == ("dst", 7, 1)
+    assert dict(dst.metadata) == metadata
+    assert dst.content_type == "text/plain"
+    assert dst.generation != src.generation
+    assert await read_all(bucket, "dst", dst.generation) == b"payload"
+    assert (await bucket.stat("dst")).generation == dst.generation
+
+    await bucket.write_bytes("src", b"newer", if_generation_match=src.generation)
+    with pytest.raises(NotFound):  # that source generation is gone
+        await bucket.copy("src", "dst2", source_generation=src.generation, if_generation_match=0)
+
+
+async def test_copy_destination_precondition(
+    bucket: Bucket, emulator_diverges: Callable[[str], None]
+) -> None:
+    emulator_diverges("copy/rewrite ignore ifGenerationMatch on the destination")
+    src = await bucket.write_bytes("src", b"payload", if_generation_match=0)
+    dst = await bucket.copy("src", "dst", source_generation=src.generation, if_generation_match=0)
+    with pytest.raises(PreconditionFailed):  # the destination exists now
+        await bucket.copy("src", "dst", source_generation=src.generation, if_generation_match=0)
+    replaced = await bucket.copy(
+        "src", "dst", source_generation=src.generation, if_generation_match=dst.generation
+    )
+    assert replaced.generation > dst.generation
+
+
+async def test_custom_metadata_round_trip(bucket: Bucket, tmp_path: Path) -> None:
+    metadata = {"gcsfuse_mtime": "2024-01-02T03:04:05.123456789Z", "goog-reserved-x": "ü ✓"}
+    path = tmp_path / "f"
+    path.write_bytes(b"file body")
+    written = [
+        await bucket.write_bytes("m/bytes", b"b", if_generation_match=0, metadata=metadata),
+        await bucket.write_file("m/file", str(path), if_generation_match=0, metadata=metadata),
+    ]
+    for info in written:
+        assert dict(info.metadata) == metadata
+        assert dict((await bucket.stat(info.name)).metadata) == metadata
+    listed = await bucket.list("m/")
+    assert [dict(info.metadata) for info in listed.objects] == [metadata, metadata]
+
+
+async def test_update_metadata_sets_keys(bucket: Bucket) -> None:
+    info = await bucket.write_bytes("obj", b"x", if_generation_match=0, metadata={"a": "1"})
+    updated = await bucket.update_metadata(
+        "obj", {"b": "2", "gcsfuse_mtime": "2025-01-01T00:00:00Z"}, generation=info.generation
+    )
+    expected = {"a": "1", "b": "2", "gcsfuse_mtime": "2025-01-01T00:00:00Z"}
+    assert dict(updated.metadata) == expected
+    assert updated.generation == info.generation  # metadata changes keep the generation
+    stat = await bucket.stat("obj")
+    assert (dict(stat.metadata), stat.generation) == (expected, info.generation)
+    assert await read_all(bucket, "obj", info.generation) == b"x"
+
+
+async def test_update_metadata_bumps_metageneration(
+    bucket: Bucket, emulator_diverges: Callable[[str], None]
+) -> None:
+    emulator_diverges("patch does not bump metageneration")
+    info = await bucket.write_bytes("obj", b"x", if_generation_match=0)
+    updated = await bucket.update_metadata("obj", {"a": "1"}, generation=info.generation)
+    assert updated.metageneration == info.metageneration + 1
+    assert (await bucket.stat("obj")).metageneration == info.metageneration + 1
+
+
+async def test_update_metadata_removes_a_key(
+    bucket: Bucket, emulator_diverges: Callable[[str], None]
+) -> None:
+    emulator_diverges('patching a key to null leaves it as ""')
+    info = await bucket.write_bytes(
+        "obj", b"x", if_generation_match=0, metadata={"a": "1", "b": "2"}
+    )
+    updated = await bucket.update_metadata("obj", {"a": None}, generation=info.generation)
+    assert dict(updated.metadata) == {"b": "2"}
+    assert dict((await bucket.stat("obj")).metadata) == {"b": "2"}
+
+
+async def test_update_metadata_of_a_replaced_generation_is_not_found(
+    bucket: Bucket, emulator_diverges: Callable[[str], None]
+) -> None:
+    emulator_diverges("patch ignores the generation and patches the live object")
+    old = await bucket.write_bytes("obj", b"x", if_generation_match=0)
+    await bucket.write_bytes("obj", b"y", if_generation_match=old.generation)
+    with pytest.raises(NotFound):
+        await bucket.update_metadata("obj", {"a": "1"}, generation=old.generation)
+    assert dict((await bucket.stat("obj")).metadata) == {}
+
+
+# --- names --------------------------------------------------------------------------------
+
+ODD_NAMES = [
+    "a//b",
+    "./x",
+    "../x",
+    "x" * 1024,  # the longest name GCS allows, in bytes
+    "é" * 512,  # ... counted in UTF-8 bytes, not characters
+    "sp ace/tab\there",
+    "#?[]*%+&=;:,@!$'()",
+    "trailing/",
+    "/leading",
+]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES, ids=lambda n: repr(n[:20]))
+async def test_odd_names_round_trip(bucket: Bucket, name: str) -> None:
+    info = await bucket.write_bytes(name, b"odd", if_generation_match=0)
+    assert info.name == name
+    assert (await bucket.stat(name)).generation == info.generation
+    assert await read_all(bucket, name, info.generation) == b"odd"
+    assert names_of(await bucket.list("", delimiter=None)) == [name]
+    copy = (
+        await bucket.copy(
+            name, name + "~", source_generation=info.generation, if_generation_match=0
+        )
+        if len(name.encode()) < 1024
+        else None
+    )
+    if copy is not None:
+        assert copy.name == name + "~"
+    await bucket.delete(name)
+    with pytest.raises(NotFound):
+        await bucket.stat(name)
+
+
+INVALID_NAMES = [
+    "",
+    "line\nfeed",
+    "carriage\rreturn",
+    ".",
+    "..",
+    "x" * 1025,
+    "é" * 513,
+    ".well-known/acme-challenge/token",
+]
+
+
+@pytest.mark.parametrize("name", INVALID_NAMES, ids=lambda n: repr(n[:20]))
+async def test_names_gcs_rejects(bucket: Bucket, name: str, tmp_path: Path) -> None:
+    # GCS refuses these names (the emulator does not): both implementations check
+    # them before sending anything, so the answer is the same everywhere.
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    src = await bucket.write_bytes("src", b"x", if_generation_match=0)
+    with pytest.raises(InvalidName):
+        await bucket.write_bytes(name, b"x", if_generation_match=0)
+    with pytest.raises(InvalidName):
+        await bucket.write_file(name, str(path), if_generation_match=None)
+    with pytest.raises(InvalidName):
+        await bucket.copy("src", name, source_generation=src.generation, if_generation_match=0)
+    assert names_of(await bucket.list("", delimiter=None)) == ["src"]
+
+
+# --- concurrency and statistics -----------------------------------------------------------
+
+
+async def test_only_one_of_racing_creators_wins(bucket: Bucket) -> None:
+    outcomes: list[str] = []
+
+    async def create(index: int) -> None:
+        try:
+            await bucket.write_bytes("race", b"%d" % index, if_generation_match=0)
+            outcomes.append("won")
+        except PreconditionFailed:
+            outcomes.append("lost")
+
+    async with trio.open_nursery() as nursery:
+        for index in range(8):
+            nursery.start_soon(create, index)
+    assert sorted(outcomes) == ["lost"] * 7 + ["won"]
+
+
+async def test_statistics(bucket: Bucket) -> None:
+    assert set(bucket.statistics()) == STAT_KEYS
+    assert all(value == 0 for value in bucket.statistics().values())
+    info = await bucket.write_bytes("obj", b"12345", if_generation_match=0)
+    await bucket.stat("obj")
+    await bucket.read("obj", generation=info.generation, offset=1, length=3)
+    await bucket.list("")
+    await bucket.copy("obj", "obj2", source_generation=info.generation, if_generation_match=0)
+    await bucket.delete("obj2")
+    with pytest.raises(NotFound):
+        await bucket.stat("missing")
+    stats = bucket.statistics()
+    assert stats["uploads"] == 1 and stats["bytes_written"] == 5
+    assert stats["stats"] == 2 and stats["errors"] == 1
+    assert stats["media_reads"] == 1 and stats["bytes_read"] == 3
+    assert stats["lists"] == 1 and stats["copies"] == 1 and stats["deletes"] == 1
+    assert stats["requests"] >= 7 and stats["retries"] == 0
+
+
+# --- GcsBucket only: a fake HTTP server answering what each test asks for -----------------
+
+
+class FakeGcs:
+    """A tiny threaded HTTP server on 127.0.0.1 that answers from a script.
+
+    ``answers`` is consumed in order, the last one repeating forever; each is
+    ``(status, json_body)``.  ``delay_s`` slows every answer (to observe concurrency).
+    """
+
+    def __init__(self, answers: list[tuple[int, dict[str, object]]], delay_s: float = 0.0):
+        self.answers = list(answers)
+        self.delay_s = delay_s
+        self.paths: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, body = fake.next(self.path)
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                with fake._lock:
+                    fake.in_flight -= 1
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = answer
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @property
+    def requests(self) -> int:
+        with self._lock:
+            return len(self.paths)
+
+    def next(self, path: str) -> tuple[int, dict[str, object]]:
+        with self._lock:
+            self.paths.append(path)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return answer
+
+    def __enter__(self) -> FakeGcs:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def error(code: int, message: str = "injected") -> tuple[int, dict[str, object]]:
+    return code, {"error": {"code": code, "message": message, "errors": [{"message": message}]}}
+
+
+OBJECT = (
+    200,
+    {
+        "kind": "storage#object",
+        "name": "obj",
+        "bucket": "b",
+        "generation": "1234",
+        "metageneration": "1",
+        "size": "3",
+        "updated": "2024-01-01T00:00:00.000Z",
+        "metadata": {"gcsfuse_mtime": "x"},
+    },
+)
+
+
+@pytest.fixture
+def fake_gcs() -> Iterator[Callable[..., FakeGcs]]:
+    servers: list[FakeGcs] = []
+    buckets: list[GcsBucket] = []
+
+    def start(answers: list[tuple[int, dict[str, object]]], delay_s: float = 0.0) -> FakeGcs:
+        server = FakeGcs(answers, delay_s).__enter__()
+        servers.append(server)
+        return server
+
+    start.buckets = buckets  # type: ignore[attr-defined]
+    try:
+        yield start
+    finally:
+        for gcs in buckets:
+            gcs.close()
+        for server in servers:
+            server.__exit__()
+
+
+def connect_fake(fake_gcs: Callable[..., FakeGcs], server: FakeGcs, **kwargs: object) -> GcsBucket:
+    kwargs.setdefault("retry", FAST_RETRY)
+    gcs = GcsBucket.connect("b", endpoint=server.endpoint, **kwargs)  # type: ignore[arg-type]
+    fake_gcs.buckets.append(gcs)  # type: ignore[attr-defined]
+    return gcs
+
+
+async def test_5xx_is_a_backend_error_after_max_attempts(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([error(503, "try later")])
+    gcs = connect_fake(fake_gcs, server)
+    with pytest.raises(BackendError) as caught:
+        await gcs.stat("obj")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message == "gs://b/obj: HTTP 503 try later (gave up after 3 attempts)"
+    assert server.requests == 3
+    stats = gcs.statistics()
+    assert (stats["retries"], stats["errors"], stats["requests"]) == (2, 1, 3)
+
+
+async def test_5xx_on_media_reads_and_uploads(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([error(500)])
+    gcs = connect_fake(fake_gcs, server)
+    with pytest.raises(BackendError, match="HTTP 500"):
+        await gcs.read("obj", generation=5, offset=0, length=10)
+    assert server.requests == 3
+    with pytest.raises(BackendError, match="gave up after 3 attempts"):
+        await gcs.write_bytes("obj", b"x", if_generation_match=0)
+    assert server.requests == 6
+    with pytest.raises(BackendError):  # unconditional: not safe to retry, one attempt
+        await gcs.write_bytes("obj", b"x", if_generation_match=None)
+    assert server.requests == 7
+
+
+async def test_transient_errors_are_retried_until_success(
+    fake_gcs: Callable[..., FakeGcs],
+) -> None:
+    server = fake_gcs([error(503), error(429), OBJECT])
+    gcs = connect_fake(fake_gcs, server)
+    info = await gcs.stat("obj")
+    assert (info.name, info.generation, info.size) == ("obj", 1234, 3)
+    assert dict(info.metadata) == {"gcsfuse_mtime": "x"}
+    assert server.requests == 3
+    assert gcs.statistics()["retries"] == 2
+
+
+async def test_max_attempts_one_means_no_retry(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([error(502)])
+    gcs = connect_fake(fake_gcs, server, retry=RetrySettings(max_attempts=1))
+    with pytest.raises(BackendError, match="HTTP 502"):
+        await gcs.stat("obj")
+    assert server.requests == 1
+
+
+async def test_unlimited_attempts_end_at_the_deadline(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([error(503)])
+    settings = RetrySettings(
+        max_attempts=0, initial_sleep_s=0.005, max_sleep_s=0.01, deadline_s=0.3
+    )
+    gcs = connect_fake(fake_gcs, server, retry=settings)
+    with pytest.raises(BackendError, match="retry deadline exceeded"):
+        await gcs.stat("obj")
+    assert server.requests > 3  # more than a default cap would allow
+
+
+async def test_client_errors_are_not_retried(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([error(403, "caller lacks storage.objects.get")])
+    gcs = connect_fake(fake_gcs, server)
+    with pytest.raises(AccessDenied, match=r"caller lacks storage\.objects\.get"):
+        await gcs.stat("obj")
+    server.answers = [error(401)]
+    with pytest.raises(AccessDenied):
+        await gcs.read("obj", generation=1, offset=0, length=1)
+    server.answers = [error(412)]
+    with pytest.raises(PreconditionFailed):
+        await gcs.delete("obj", if_generation_match=3)
+    server.answers = [error(400, "bad request")]
+    with pytest.raises(BackendError, match="HTTP 400 bad request"):
+        await gcs.update_metadata("obj", {"a": "1"}, generation=3)
+    assert server.requests == 4
+    assert gcs.statistics()["retries"] == 0
+
+
+async def test_check_maps_errors_to_one_line_messages(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([error(403, "no storage.objects.list permission")])
+    gcs = connect_fake(fake_gcs, server)
+    with pytest.raises(AccessDenied) as denied:
+        await gcs.check()
+    assert str(denied.value) == (
+        "access to bucket 'b' denied: HTTP 403 no storage.objects.list permission"
+    )
+    server.answers = [error(503)]
+    with pytest.raises(BackendError) as unreachable:
+        await gcs.check()
+    assert str(unreachable.value).startswith("cannot reach bucket 'b': HTTP 503")
+
+
+async def test_connection_refused_is_a_backend_error() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings = RetrySettings(max_attempts=2, initial_sleep_s=0.001, max_sleep_s=0.001)
+    gcs = GcsBucket.connect("b", endpoint=f"http://127.0.0.1:{port}", retry=settings)
+    try:
+        with pytest.raises(BackendError) as caught:
+            await gcs.check()
+        assert "gave up after 2 attempts" in str(caught.value)
+        assert "\n" not in str(caught.value)
+        assert gcs.statistics()["retries"] == 1
+    finally:
+        gcs.close()
+
+
+async def test_one_limiter_bounds_concurrent_requests(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([OBJECT], delay_s=0.05)
+    limiter = trio.CapacityLimiter(2)
+    gcs = connect_fake(fake_gcs, server, limiter=limiter)
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(gcs.stat, "obj")
+    assert server.requests == 6
+    assert server.max_in_flight == 2
+
+
+def test_missing_credentials_is_a_one_line_access_denied(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("credentials lookup must not reach the network")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    with pytest.raises(AccessDenied) as caught:
+        GcsBucket.connect("b")
+    message = str(caught.value)
+    assert message.startswith(NO_CREDENTIALS)
+    assert "\n" not in message
+
+
+def test_unusable_key_file_is_access_denied(tmp_path: Path) -> None:
+    with pytest.raises(AccessDenied, match="cannot use key file"):
+        GcsBucket.connect("b", key_file=str(tmp_path / "nope.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(AccessDenied, match="cannot use key file"):
+        GcsBucket.connect("b", key_file=str(bad))
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://127.0.0.1:4443", "http://127.0.0.1:4443"),
+        ("http://127.0.0.1:4443/storage/v1/", "http://127.0.0.1:4443"),
+        ("storage.googleapis.com:443", "https://storage.googleapis.com:443"),
+    ],
+)
+def test_endpoint_forms(given: str, expected: str) -> None:
+    assert _normalize_endpoint(given) == expected
+
+
+def test_retry_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        RetrySettings(max_attempts=-1)
+    with pytest.raises(ValueError, match="multiplier"):
+        RetrySettings(multiplier=0.5)
+
+
+# --- GcsBucket only: against the emulator -------------------------------------------------
+
+
+async def test_check_on_the_emulator(emulator: Emulator, bucket_name: str) -> None:
+    gcs = GcsBucket.connect(bucket_name, endpoint=emulator.endpoint)  # anonymous implied
+    missing = GcsBucket.connect("tierfs-no-such-bucket", endpoint=emulator.endpoint)
+    try:
+        await gcs.check()
+        with pytest.raises(NotFound) as caught:
+            await missing.check()
+        assert str(caught.value) == "bucket 'tierfs-no-such-bucket' does not exist"
+    finally:
+        gcs.close()
+        missing.close()
+
+
+async def test_objects_made_by_other_clients_are_listed(
+    emulator: Emulator, bucket_name: str, gcs_client: storage.Client
+) -> None:
+    # The emulator accepts a name with a newline (GCS would not): still listed intact.
+    raw = gcs_client.bucket(bucket_name)
+    for name in ("new\nline", "dir/x"):
+        raw.blob(name).upload_from_string(b"1")
+    gcs = GcsBucket.connect(bucket_name, endpoint=emulator.endpoint, anonymous=True)
+    try:
+        listing = await gcs.list("")
+        assert (names_of(listing), listing.prefixes) == (["new\nline"], ("dir/",))
+        info = listing.objects[0]
+        assert await gcs.read("new\nline", generation=info.generation, offset=0, length=9) == b"1"
+    finally:
+        gcs.close()
+
+
+# --- MemoryBucket only: test hooks --------------------------------------------------------
+
+
+async def test_memory_fault_injection() -> None:
+    bucket = MemoryBucket()
+    info = await bucket.write_bytes("obj", b"data", if_generation_match=0)
+    bucket.fail_next("read", BackendError("injected"), count=2)
+    for _ in range(2):
+        with pytest.raises(BackendError, match="injected"):
+            await bucket.read("obj", generation=info.generation, offset=0, length=4)
+    assert await bucket.read("obj", generation=info.generation, offset=0, length=4) == b"data"
+    assert bucket.statistics()["errors"] == 2
+
+    bucket.fail_next("write_bytes", PreconditionFailed("lost a race"))
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_bytes("other", b"x", if_generation_match=None)
+    with pytest.raises(NotFound):  # a failed call has no effect
+        await bucket.stat("other")
+
+    bucket.fail_next("*", AccessDenied("nope"))
+    with pytest.raises(AccessDenied):
+        await bucket.list("")
+    await bucket.list("")
+    with pytest.raises(ValueError, match="unknown operation"):
+        bucket.fail_next("open", BackendError("x"))
+
+
+async def test_memory_latency_uses_trio_time(autojump_clock: trio.testing.MockClock) -> None:
+    bucket = MemoryBucket(latency_s=2.5)
+    start = trio.current_time()
+    info = await bucket.write_bytes("obj", b"x", if_generation_match=0)
+    await bucket.read("obj", generation=info.generation, offset=0, length=1)
+    assert trio.current_time() - start == pytest.approx(5.0)
+
+
+def test_memory_other_client_helpers() -> None:
+    bucket = MemoryBucket()
+    first = bucket.put("a", b"one", metadata={"k": "v"})
+    second = bucket.put("a", b"two")
+    assert second.generation > first.generation
+    assert bucket.get("a") == b"two"
+    assert bucket.names() == ["a"]
+    bucket.remove("a")
+    with pytest.raises(NotFound):
+        bucket.get("a")
+    with pytest.raises(NotFound):
+        bucket.remove("a")
+    with pytest.raises(InvalidName):
+        bucket.put("bad\nname", b"")
+    assert all(value == 0 for value in bucket.statistics().values())
+
+
+async def test_memory_sees_other_client_changes() -> None:
+    bucket = MemoryBucket()
+    mine = await bucket.write_bytes("obj", b"mine", if_generation_match=0)
+    theirs = bucket.put("obj", b"theirs")
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_bytes("obj", b"again", if_generation_match=mine.generation)
+    with pytest.raises(NotFound):
+        await bucket.read("obj", generation=mine.generation, offset=0, length=4)
+    assert (await bucket.stat("obj")).generation == theirs.generation
