@@ -422,9 +422,17 @@ class Filesystem:
         inode.open_handles -= 1
         if handle.reader is not None:
             handle.reader.close()
-        if inode.open_handles == 0 and inode.staged is not None and not inode.staged.dirty:
-            inode.staged.close()
+        staged = inode.staged
+        if (
+            inode.open_handles == 0
+            and staged is not None
+            and (not staged.dirty or staged.clobbered)
+        ):
+            # Uploaded, or lost to another writer (the caller got ESTALE): GCS has the truth.
+            staged.close()
             inode.staged = None
+            if staged.clobbered:
+                self.inodes.detach(inode)
         self.inodes.release(inode)
 
     async def _sync(self, inode: Inode) -> None:

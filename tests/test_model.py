@@ -1,0 +1,255 @@
+"""Model test: random operation sequences on the filesystem core vs. a plain-dict reference.
+
+Hypothesis draws sequences of file operations made through the core
+(create/write/close, overwrite at an offset, truncate, unlink, mkdir, rmdir,
+rename) interleaved with changes made by another client directly in the
+bucket (put, delete). After every step, every file's bytes read through the
+core and every directory listing must equal the reference model, and the
+bucket must hold exactly the model's files. One scenario: a file rewritten
+by another client while open for writing gives ESTALE at close and the other
+client's bytes survive.
+
+The core runs over `MemoryBucket`, which passes the same contract suite as
+the emulator (tests/test_storage_contract.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tierfs.errors import TierfsError, errno_of
+from tierfs.filesystem import Filesystem, Settings
+from tierfs.inodes import ROOT_INO, Kind
+from tierfs.storage.memory import MemoryBucket
+
+NAMES = ["a", "b", "c"]
+DIRS = ["", "d", "e"]
+paths = st.builds(
+    lambda d, n: f"{d}/{n}" if d else n, st.sampled_from(DIRS), st.sampled_from(NAMES)
+)
+data = st.binary(max_size=300)
+
+
+@dataclass
+class Model:
+    files: dict[str, bytes] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)  # placeholders
+
+    def is_dir(self, path: str) -> bool:
+        return path == "" or path in self.dirs or any(f.startswith(path + "/") for f in self.files)
+
+    def children(self, path: str) -> set[str]:
+        prefix = path + "/" if path else ""
+        names = set()
+        for item in [*self.files, *self.dirs]:
+            if item.startswith(prefix) and item != path:
+                names.add(item[len(prefix) :].split("/", 1)[0])
+        return names
+
+
+ops = st.one_of(
+    st.tuples(st.just("write_new"), paths, data),
+    st.tuples(st.just("overwrite"), paths, st.integers(0, 400), data),
+    st.tuples(st.just("truncate"), paths, st.integers(0, 400)),
+    st.tuples(st.just("unlink"), paths),
+    st.tuples(st.just("mkdir"), st.sampled_from(DIRS[1:])),
+    st.tuples(st.just("rmdir"), st.sampled_from(DIRS[1:])),
+    st.tuples(st.just("rename"), paths, paths),
+    st.tuples(st.just("remote_put"), paths, data),
+    st.tuples(st.just("remote_delete"), paths),
+    st.tuples(st.just("clobber"), paths, data, data),
+)
+
+
+class Driver:
+    """Calls the core the way the kernel would: path walks by lookup, open/write/release."""
+
+    def __init__(self, fs: Filesystem) -> None:
+        self.fs = fs
+
+    async def walk(self, path: str) -> int:
+        ino = ROOT_INO
+        for part in [p for p in path.split("/") if p]:
+            ino = (await self.fs.lookup(ino, part)).ino
+        return ino
+
+    async def parent_and_name(self, path: str) -> tuple[int, str]:
+        parent, _, name = path.rpartition("/")
+        return await self.walk(parent), name
+
+    async def read(self, path: str) -> bytes:
+        handle = await self.fs.open(await self.walk(path), os.O_RDONLY)
+        try:
+            return bytes(await self.fs.read(handle.fh, 0, 1 << 20))
+        finally:
+            await self.fs.release(handle.fh)
+
+    async def write(self, path: str, offset: int, body: bytes, *, create: bool) -> None:
+        if create:
+            parent, name = await self.parent_and_name(path)
+            handle, _ = await self.fs.create(parent, name, os.O_WRONLY)
+        else:
+            handle = await self.fs.open(await self.walk(path), os.O_WRONLY)
+        try:
+            await self.fs.write(handle.fh, offset, body)
+        finally:
+            await self.fs.release(handle.fh)
+
+    async def listing(self, path: str) -> set[str]:
+        fh = self.fs.opendir(await self.walk(path))
+        try:
+            return {name for name, _, _ in await self.fs.readdir(fh, 0)}
+        finally:
+            self.fs.releasedir(fh)
+
+
+async def apply(op: tuple, fs: Filesystem, bucket: MemoryBucket, model: Model) -> None:
+    drive = Driver(fs)
+    kind = op[0]
+    if kind == "write_new":
+        _, path, body = op
+        parent = path.rpartition("/")[0]
+        if not model.is_dir(parent) or model.is_dir(path) or path in model.files:
+            return
+        await drive.write(path, 0, body, create=True)
+        model.files[path] = body
+    elif kind == "overwrite":
+        _, path, offset, body = op
+        if path not in model.files:
+            return
+        await drive.write(path, offset, body, create=False)
+        old = model.files[path]
+        if not body:
+            return  # a write of nothing changes nothing, even past the end
+        grown = old + b"\0" * max(0, offset - len(old))
+        model.files[path] = grown[:offset] + body + grown[offset + len(body) :]
+    elif kind == "truncate":
+        _, path, size = op
+        if path not in model.files:
+            return
+        await fs.setattr(await drive.walk(path), size=size)
+        old = model.files[path]
+        model.files[path] = old[:size] + b"\0" * max(0, size - len(old))
+    elif kind == "unlink":
+        _, path = op
+        if path not in model.files:
+            return
+        parent, name = await drive.parent_and_name(path)
+        await fs.unlink(parent, name)
+        del model.files[path]
+    elif kind == "mkdir":
+        _, path = op
+        if model.is_dir(path) or path in model.files:
+            return
+        await fs.mkdir(ROOT_INO, path)
+        model.dirs.add(path)
+    elif kind == "rmdir":
+        _, path = op
+        if not model.is_dir(path) or path in model.files:
+            return
+        if model.children(path):
+            with pytest.raises(TierfsError) as info:
+                await fs.rmdir(ROOT_INO, path)
+            assert errno_of(info.value) == errno.ENOTEMPTY
+            return
+        await fs.rmdir(ROOT_INO, path)
+        model.dirs.discard(path)
+    elif kind == "rename":
+        _, source, target = op
+        target_parent = target.rpartition("/")[0]
+        if source not in model.files or not model.is_dir(target_parent) or model.is_dir(target):
+            return
+        if source == target:
+            return
+        old_parent, old_name = await drive.parent_and_name(source)
+        new_parent, new_name = await drive.parent_and_name(target)
+        await fs.rename(old_parent, old_name, new_parent, new_name)
+        body = model.files.pop(source)
+        model.files[target] = body
+    elif kind == "remote_put":
+        _, path, body = op
+        if model.is_dir(path) or any(model.files.get(p) is not None for p in _ancestors(path)):
+            return
+        bucket.put(path, body)
+        model.files[path] = body
+    elif kind == "remote_delete":
+        _, path = op
+        if path not in model.files:
+            return
+        bucket.remove(path)
+        del model.files[path]
+    elif kind == "clobber":
+        _, path, mine, theirs = op
+        if path not in model.files:
+            return
+        handle = await fs.open(await drive.walk(path), os.O_WRONLY)
+        await fs.write(handle.fh, 0, mine)
+        bucket.put(path, theirs)
+        with pytest.raises(TierfsError) as info:
+            await fs.release(handle.fh)
+        assert errno_of(info.value) == errno.ESTALE
+        model.files[path] = theirs
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+async def check(fs: Filesystem, bucket: MemoryBucket, model: Model) -> None:
+    drive = Driver(fs)
+    stored = {n: bucket.get(n) for n in bucket.names() if not n.endswith("/")}
+    assert stored == model.files
+    for path, body in model.files.items():
+        assert await drive.read(path) == body, path
+    for directory in {"", *model.dirs, *(p.rpartition("/")[0] for p in model.files)}:
+        if model.is_dir(directory):
+            assert await drive.listing(directory) == model.children(directory), directory
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sequence=st.lists(ops, max_size=25))
+def test_core_matches_model(sequence: list[tuple], tmp_path: Path) -> None:
+    async def main() -> None:
+        bucket = MemoryBucket("model")
+        fs = Filesystem(
+            bucket,
+            Settings(implicit_dirs=True, temp_dir=str(tmp_path), rename_dir_limit=1000),
+        )
+        model = Model()
+        try:
+            for op in sequence:
+                await apply(op, fs, bucket, model)
+                await check(fs, bucket, model)
+            assert not [i for i in fs.inodes.by_ino.values() if i.staged is not None]
+        finally:
+            fs.close()
+
+    trio.run(main)
+
+
+def test_open_handle_survives_unlink(tmp_path: Path) -> None:
+    async def main() -> None:
+        bucket = MemoryBucket("model")
+        fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)))
+        bucket.put("f", b"keep me")
+        ino = (await fs.lookup(ROOT_INO, "f")).ino
+        handle = await fs.open(ino, os.O_RDONLY)
+        await fs.unlink(ROOT_INO, "f")
+        assert "f" not in bucket.names()
+        assert bytes(await fs.read(handle.fh, 0, 100)) == b"keep me"
+        await fs.release(handle.fh)
+        assert fs.inodes.get(ino) is None or fs.inodes[ino].kind is Kind.FILE
+        fs.close()
+
+    trio.run(main)
