@@ -42,5 +42,12 @@ $(STAMP): pyproject.toml | sysdeps
 
 venv: $(STAMP)
 
+# Install /sbin/mount.tierfs (mount -t tierfs, fstab lines) pointing at this venv's helper.
+# Another directory: make install-helper HELPER_PREFIX=/usr/local/sbin
+HELPER_PREFIX ?= /sbin
+.PHONY: install-helper
+install-helper: $(STAMP)
+	$(VENV)/bin/tierfs install-helper --prefix $(HELPER_PREFIX)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -37,6 +37,7 @@ commands:
   mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
   unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
+  install-helper [--prefix DIR]                install /sbin/mount.tierfs for mount(8) and fstab
 
 Run '{PROG} mount --help' for the mount options; they are gcsfuse's, unchanged.
 """
@@ -72,6 +73,10 @@ def _guarded(run: Callable[[list[str]], int], argv: list[str]) -> int:
     except (OptionError, UsageError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `tierfs --help | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
@@ -99,6 +104,10 @@ def _main(argv: list[str]) -> int:
         from tierfs.demo import run_demo
 
         return run_demo(rest)
+    if command == "install-helper":  # mount(8) helper in /sbin: see tierfs/install.py
+        from tierfs.install import main as install_helper_main
+
+        return install_helper_main(rest)
     raise UsageError(f"unknown command '{command}' (try '{PROG} --help')")
 
 

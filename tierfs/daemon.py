@@ -79,7 +79,8 @@ def daemon_pids(mountpoint: str) -> list[int]:
         except OSError:
             continue
         words = [a.decode("utf-8", "surrogateescape") for a in args if a]
-        if "--foreground" in words and "tierfs" in words and target in words:
+        runs_tierfs = any(os.path.basename(w) in ("tierfs", "mount.tierfs") for w in words)
+        if runs_tierfs and "mount" in words and target in words:
             pids.append(int(entry.name))
     return pids
 

@@ -61,11 +61,13 @@ def mounted_here(mountpoint: str) -> MountEntry | None:
 
 
 def is_stale(mountpoint: str) -> bool:
-    """A FUSE mount whose daemon is gone answers every call with ENOTCONN."""
+    """A FUSE mount whose daemon is gone fails every call with ENOTCONN (ECONNABORTED while
+    the dead daemon's threads still exit). statvfs, unlike stat, is never answered from the
+    kernel's attribute cache, so it sees the dead connection at once."""
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as err:
-        return err.errno == errno.ENOTCONN
+        return err.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False
 
 
