@@ -16,6 +16,7 @@ then `load` (or `resolve`) applies precedence and derived values, and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from mount_options.argv import CommandLine, parse_flags, parse_mount_helper
@@ -101,6 +102,6 @@ def load(
         cpu_count=cpu_count,
     )
     if parsed.warnings:
-        config = Config(config.settings, config.bucket, config.mountpoint,
-                        tuple(dict.fromkeys([*parsed.warnings, *config.warnings])))  # fmt: skip
+        warnings = tuple(dict.fromkeys([*parsed.warnings, *config.warnings]))
+        config = dataclasses.replace(config, warnings=warnings)
     return config

@@ -77,6 +77,7 @@ class Config:
     bucket: str = ""
     mountpoint: str = ""
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    assigned: frozenset[str] = field(default=frozenset(), compare=False)  # set by the user
 
     def __getitem__(self, path: str) -> Any:
         return self.settings[path].value
@@ -130,12 +131,29 @@ def typed(option: Option, raw: Any, *, from_text: bool = True) -> Any:
             else option.kind.coerce(raw)
         )
     except ValueError as err:
-        shown = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+        shown = raw if isinstance(raw, str) else _show(raw)
         raise OptionError(
             f"bad value '{shown}' for option '{option.path}': expected {err}"
         ) from None
     _check_limits(option, value, raw)
     return value
+
+
+def _read_write(fuse: dict[str, str]) -> None:
+    """``ro`` and ``rw`` from the command line or ``-o`` contradict each other; ``rw`` there
+    next to ``ro`` from a config file is mount(8)'s default and yields (as in gcsfuse's
+    helper, which drops ``rw`` so the config file wins). ``rw`` itself is the default and
+    never reaches the kernel."""
+    if "ro" in fuse and "rw" in fuse and CONFIG_FILE not in (fuse["ro"], fuse["rw"]):
+        raise OptionError("options 'ro' and 'rw' contradict each other: give one")
+    fuse.pop("rw", None)
+
+
+def _show(raw: Any) -> str:
+    try:
+        return json.dumps(raw, default=str)
+    except (ValueError, TypeError, RecursionError):
+        return f"<{type(raw).__name__}>"
 
 
 def _check_limits(option: Option, value: Any, raw: Any) -> None:
@@ -165,7 +183,7 @@ def resolve(
 ) -> Config:
     """Apply precedence, derive dependent values and validate across options."""
     winners: dict[str, tuple[int, int, Assignment]] = {}
-    fuse: dict[str, None] = {}
+    fuse: dict[str, str] = {}  # kernel option -> source
     fuse_source = DEFAULT
     warnings: list[str] = []
     for order, item in enumerate(assignments):
@@ -173,12 +191,13 @@ def resolve(
         if option.deprecated:
             warnings.append(f"option '{option.path}' is deprecated: {option.deprecated}")
         if option.path == FUSE_OPTIONS:
-            fuse.update(dict.fromkeys(item.value))
+            fuse.update(dict.fromkeys(item.value, item.source))
             fuse_source = item.source
             continue
         held = winners.get(item.path)
         if held is None or (item.rank, order) >= held[:2]:
             winners[item.path] = (item.rank, order, item)
+    _read_write(fuse)
     settings: dict[str, Setting] = {o.path: Setting(o.default, DEFAULT) for o in SCHEMA}
     for path, (_, _, item) in winners.items():
         settings[path] = Setting(item.value, item.source)
@@ -189,4 +208,6 @@ def resolve(
         winners_fuse = set()
     explicit = frozenset(winners) | winners_fuse
     warnings.extend(derive.apply(settings, explicit, cpu_count=cpu_count, make=Setting))
-    return Config(MappingProxyType(settings), bucket, mountpoint, tuple(dict.fromkeys(warnings)))
+    return Config(
+        MappingProxyType(settings), bucket, mountpoint, tuple(dict.fromkeys(warnings)), explicit
+    )

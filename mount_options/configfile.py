@@ -8,6 +8,7 @@ the caller's job (this package does no I/O).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -16,6 +17,41 @@ from mount_options.config import CONFIG_FILE, FILE_RANK, FUSE_OPTIONS, Assignmen
 from mount_options.errors import OptionError, unknown
 from mount_options.schema import INDEX, SCHEMA
 from mount_options.tokens import fuse_option
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as gcsfuse's Go decoder reads it (YAML 1.2 style): only true/false are
+    booleans (``severity: off`` stays the word "off") and a leading zero does not make
+    an int octal (``file-mode: 0644`` is 644, which the octal kind reads as 0o644)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    body = text.lstrip("+-")
+    if body.startswith(("0x", "0X")):
+        return sign * int(body[2:], 16)
+    if body.startswith(("0o", "0O")):
+        return sign * int(body[2:], 8)
+    if body.startswith(("0b", "0B")):
+        return sign * int(body[2:], 2)
+    if ":" in body:  # YAML 1.1 sexagesimal: keep it the way the 1.1 loader reads it
+        return int(yaml.SafeLoader.construct_yaml_int(loader, node))
+    return sign * int(body, 10)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def _prefixes(path: str) -> list[str]:
@@ -29,7 +65,7 @@ _SECTIONS = frozenset(p for o in SCHEMA if o.in_config for p in _prefixes(o.path
 def parse_config_file(text: str, name: str = "config file") -> list[Assignment]:
     """Assignments from the YAML text of a config file."""
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

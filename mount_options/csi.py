@@ -101,7 +101,9 @@ def parse_volume(attributes: Mapping[str, str], mount_options: Iterable[str] = (
         elif name in DRIVER_ATTRIBUTES:
             volume.driver[name] = _convert(name, text, DRIVER_ATTRIBUTES[name])
         else:
-            pool = [*ATTRIBUTES, *DRIVER_ATTRIBUTES, "mountOptions", "bucketName"]
+            legacy = {"metadataCacheTtlSeconds"}
+            pool = [*(a for a in ATTRIBUTES if a not in legacy), *DRIVER_ATTRIBUTES]
+            pool += ["mountOptions", "bucketName"]
             raise unknown(name, pool, normalize=str.lower, what="volume attribute")
     if volume.driver.get("disableMetrics") is True:
         port = INDEX.by_path["metrics:prometheus-port"]

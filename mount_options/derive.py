@@ -88,7 +88,7 @@ def apply(settings: Settings, explicit: frozenset[str], *, cpu_count: int, make:
         settings["write:enable-streaming-writes"].value
         and settings["write:create-empty-file"].value
     ):
-        put("write:create-empty-file", False, settings["write:enable-streaming-writes"].source)
+        put("write:create-empty-file", False, settings["write:create-empty-file"].source)
     if (
         "metrics:cloud-metrics-export-interval-secs" not in explicit
         and "metrics:stackdriver-export-interval" in explicit
@@ -97,10 +97,6 @@ def apply(settings: Settings, explicit: frozenset[str], *, cpu_count: int, make:
         put("metrics:cloud-metrics-export-interval-secs", int(old.value), old.source)
     _normalize(settings, put)
     _check(settings, explicit)
-    fuse = settings["file-system:fuse-options"]
-    if "rw" in fuse.value:
-        kept = tuple(o for o in fuse.value if o != "rw")
-        settings["file-system:fuse-options"] = make(kept, fuse.source if kept else "default")
     return warnings
 
 
@@ -131,7 +127,7 @@ def _metadata_from_deprecated(
         put("metadata-cache:ttl-secs", math.ceil(min(stat_ttl.value, type_ttl.value)), source)
     capacity = settings["metadata-cache:deprecated-stat-cache-capacity"]
     size_path = "metadata-cache:stat-cache-max-size-mb"
-    if size_path not in explicit and settings[size_path].source == "default":
+    if size_path not in explicit and capacity.source != "default":
         size_mb = math.ceil(capacity.value * STAT_CACHE_ENTRY_BYTES / 2**20)
         put(size_path, size_mb, capacity.source)
 
@@ -224,6 +220,3 @@ def _check(settings: Settings, explicit: frozenset[str]) -> None:
         raise OptionError(
             "options 'gcs-auth:anonymous-access' and 'gcs-auth:key-file' exclude each other"
         )
-    fuse = settings["file-system:fuse-options"].value
-    if "ro" in fuse and "rw" in fuse:
-        raise OptionError("options 'ro' and 'rw' contradict each other: give one")

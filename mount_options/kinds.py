@@ -24,7 +24,7 @@ _TRUE = {"1", "t", "true", "yes", "y", "on"}
 _FALSE = {"0", "f", "false", "no", "n", "off"}
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_PART = re.compile(r"((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(ns|us|µs|ms|s|m|h)")
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class DurationKind(Kind):
                 raise ValueError(self.expected)
             total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
             pos = match.end()
-        if pos == 0 or sign < 0:
+        if pos == 0 or sign < 0 or not math.isfinite(total):
             raise ValueError(self.expected)
         return total
 
@@ -302,10 +302,15 @@ def quantity_to_mb(text: str) -> int:
         raise ValueError("a Kubernetes quantity such as 10Gi or 500Mi")
     number = float(match.group(1))
     if match.group(2):
-        number *= 10 ** int(match.group(2)[1:])
+        exponent = int(match.group(2)[1:])
+        if exponent > 30:
+            raise ValueError("a Kubernetes quantity such as 10Gi or 500Mi")
+        number *= 10.0**exponent
         suffix = None
     else:
         suffix = match.group(3)
+    if not math.isfinite(number):
+        raise ValueError("a Kubernetes quantity such as 10Gi or 500Mi")
     if number < 0:
         return -1
     size_bytes = math.ceil(number * _QUANTITY_FACTORS[suffix])

@@ -1,7 +1,8 @@
 """A config written back as one canonical option string.
 
-Every option not at its default becomes one colon-form token
-(``metadata-cache:ttl-secs:-1``), in schema order; kernel options follow as
+Every option the user set becomes one colon-form token
+(``metadata-cache:ttl-secs:-1``), in schema order (derived values are left out:
+parsing derives them again); kernel options follow as
 bare tokens (``ro``, ``allow_other``). The string parses back to the same
 values (`tests/test_options_properties.py` holds us to that). Options whose
 values the comma syntax cannot carry (a comma, surrounding blanks) make
@@ -12,20 +13,20 @@ from __future__ import annotations
 
 from mount_options.config import FUSE_OPTIONS, Config
 from mount_options.errors import OptionError
+from mount_options.schema import SCHEMA
 
 
 def render(config: Config) -> str:
     tokens: list[str] = []
-    for option, setting in config.explicit():
-        if option.path == "config-file":
-            continue  # its values are already inlined
-        if option.path == FUSE_OPTIONS:
-            continue
-        text = option.kind.render(setting.value)
+    for option in SCHEMA:
+        if option.path not in config.assigned or option.path in ("config-file", FUSE_OPTIONS):
+            continue  # values derived from others are derived again on parsing
+        text = option.kind.render(config[option.path])
         if "," in text or text != text.strip() or "\n" in text:
             raise OptionError(
                 f"option '{option.path}' has a value that an option string cannot hold"
             )
-        tokens.append(f"{option.path}:{text}")
+        # Command-line-only options have no colon form: they go as flags.
+        tokens.append(f"{option.path}:{text}" if option.in_config else f"{option.flag}={text}")
     tokens.extend(config.fuse_options)
     return ",".join(tokens)

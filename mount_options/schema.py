@@ -250,7 +250,7 @@ SCHEMA: tuple[Option, ...] = (
     _opt(
         "metadata-cache:stat-cache-max-size-mb",
         _I,
-        33,
+        34,
         "Size of the stat cache in MiB; -1 unlimited, 0 disables.",
         **_ANY_SIZE,
     ),

@@ -45,7 +45,9 @@ def check_bucket_name(name: str) -> None:
         )
     elif any(len(part) > 63 for part in name.split(".")):
         problem = "at most 63 characters between dots"
-    elif name.startswith("goog") or ".." in name:
-        problem = "no 'goog' prefix and no '..'"
+    elif name.startswith("goog") or "google" in name or ".." in name:
+        problem = "no 'goog' prefix, no 'google' inside and no '..'"
+    elif re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", name):
+        problem = "a name, not an IP address"
     if problem:
         raise OptionError(f"bad bucket name '{name}': expected {problem}")

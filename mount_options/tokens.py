@@ -44,7 +44,12 @@ DROPPED = frozenset({"user", "nouser", "users", "owner", "group", "auto", "noaut
 CSI_O_VALUES = frozenset({"exec", "noexec", "atime", "noatime", "sync", "async", "dirsync"})
 
 _FUSE_BY_LOOSE = {loosen(name): name for name in FUSE_FLAGS | FUSE_VALUED}
-_SECTIONS = frozenset(o.section for o in SCHEMA if o.section)
+_SECTION_PREFIXES = frozenset(
+    ":".join(o.path.split(":")[:n])
+    for o in SCHEMA
+    if o.in_config
+    for n in range(1, o.path.count(":") + 1)
+)
 _PATHS_LONGEST_FIRST = sorted((o for o in SCHEMA if o.in_config), key=lambda o: -len(o.path))
 
 
@@ -136,14 +141,18 @@ def _csi_o(value: str, source: str) -> Parsed:
 
 
 def _unknown(name: str) -> OptionError:
-    """Name the unknown option as the user wrote it, without a trailing value."""
-    shown = name
-    if ":" in name:
-        head, _, _ = name.rpartition(":")
-        section = name.split(":", 1)[0]
-        if name.count(":") >= 2 or loosen(section) not in _SECTIONS:
-            shown = head
-        pool = [o.path for o in SCHEMA]
-    else:
+    """Name the unknown option as the user wrote it, without its value."""
+    if ":" not in name:
         pool = [o.flag for o in SCHEMA] + sorted(FUSE_FLAGS | FUSE_VALUED)
-    return unknown(shown, pool, normalize=loosen)
+        return unknown(name, pool, normalize=loosen)
+    parts = name.split(":")
+    option = INDEX.by_loose.get(loosen(parts[0]))
+    if option is not None and not option.in_config:
+        return OptionError(f"option '{parts[0]}' has no colon form: write {option.flag}=VALUE")
+    depth = 1
+    while depth < len(parts) and loosen(":".join(parts[:depth])) in _SECTION_PREFIXES:
+        depth += 1
+    if depth == 1 and len(parts) >= 3:
+        depth = 2  # an unknown section: show section:key
+    shown = ":".join(parts[:depth])
+    return unknown(shown, [o.path for o in SCHEMA if o.in_config], normalize=loosen)
