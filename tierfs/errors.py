@@ -85,8 +85,18 @@ class BackendError(TierfsError):
     errno = errno.EIO
 
 
+def root_cause(error: BaseException) -> BaseException:
+    """The error that matters inside trio's exception groups: the first tierfs error, else
+    the first leaf. A lookup runs its GCS requests in a nursery, so a 403 arrives wrapped."""
+    if not isinstance(error, BaseExceptionGroup):
+        return error
+    leaves = [root_cause(e) for e in error.exceptions]
+    return next((e for e in leaves if isinstance(e, TierfsError)), leaves[0])
+
+
 def errno_of(error: BaseException) -> int:
     """The errno answered to the kernel for ``error``: the one table."""
+    error = root_cause(error)
     if isinstance(error, TierfsError):
         return error.errno
     if isinstance(error, OSError) and error.errno:

@@ -42,10 +42,10 @@ from tierfs.errors import (
 from tierfs.handles import DirHandle, FileHandle, HandleTable
 from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
 from tierfs.namespace import (
-    CONFLICT_SUFFIX,
     SYMLINK_FLAG_KEY,
     SYMLINK_TARGET_KEY,
     Namespace,
+    check_new_name,
     is_symlink,
 )
 from tierfs.reader import Reader
@@ -293,6 +293,7 @@ class Filesystem:
 
     async def mkdir(self, parent_ino: int, name: str) -> Inode:
         self._writable()
+        check_new_name(name)
         parent = self._dir(parent_ino)
         path = self.names.child_path(parent.path, name)
         try:
@@ -332,6 +333,7 @@ class Filesystem:
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
         self._writable()
+        check_new_name(name)
         parent = self._dir(parent_ino)
         path = self.names.child_path(parent.path, name)
         object_name = self.names.file_object(path)
@@ -537,13 +539,12 @@ class Filesystem:
             raise NotFound(path)
         if inode.kind is Kind.DIR:
             raise IsADirectory(path)
-        object_path = path[: -len(CONFLICT_SUFFIX)] if path.endswith(CONFLICT_SUFFIX) else path
         async with self._lock(inode):
             if inode.generation:
                 if inode.open_handles and inode.staged is None and inode.kind is Kind.FILE:
                     await self._stage_unlocked(inode)
                 try:
-                    await self.bucket.delete(self.names.file_object(object_path))
+                    await self.bucket.delete(self.names.file_object(path))
                 except NotFound:
                     pass  # already gone: the name is gone either way
             inode.unlinked = True
@@ -564,6 +565,7 @@ class Filesystem:
 
     async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:
         self._writable()
+        check_new_name(name)
         parent = self._dir(parent_ino)
         path = self.names.child_path(parent.path, name)
         metadata = {SYMLINK_TARGET_KEY: target}
@@ -603,6 +605,7 @@ class Filesystem:
         self._writable()
         if flags & RENAME_EXCHANGE:
             raise Unsupported("RENAME_EXCHANGE", errno.EINVAL)
+        check_new_name(new_name)
         old_path = self.names.child_path(self._dir(old_parent).path, old_name)
         new_path = self.names.child_path(self._dir(new_parent).path, new_name)
         if old_path == new_path:
@@ -689,14 +692,24 @@ class Filesystem:
         if not any(o.name == old_prefix for o in objects):
             # An implicit directory: give the new one a placeholder so it exists either way.
             await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
+        copies: dict[str, ObjectInfo] = {}
         async with trio.open_nursery() as nursery:
             for info in objects:
-                nursery.start_soon(self._copy_one, info, new_prefix + info.name[len(old_prefix) :])
+                destination = new_prefix + info.name[len(old_prefix) :]
+                nursery.start_soon(self._copy_one, info, destination, copies)
         async with trio.open_nursery() as nursery:
             for info in objects:
                 nursery.start_soon(self._delete_one, info)
         self.inodes.move(source, new_path)
         source.placeholder = True
+        for inode in self.inodes.below(new_path):
+            copy = copies.get(self.names.file_object(inode.path))
+            if copy is not None and inode.kind is not Kind.DIR:
+                # The object under its new name is a new generation: writes continue from it.
+                inode.generation = copy.generation
+                inode.metageneration = copy.metageneration
+                if inode.staged is not None:
+                    inode.staged.base_generation = copy.generation
 
     async def rmdir_path(self, inode: Inode) -> None:
         parent = self.inodes.current(inode.parent_path)
@@ -704,8 +717,10 @@ class Filesystem:
             raise NotFound(inode.parent_path)
         await self.rmdir(parent.ino, inode.name)
 
-    async def _copy_one(self, info: ObjectInfo, destination: str) -> None:
-        await self.bucket.copy(
+    async def _copy_one(
+        self, info: ObjectInfo, destination: str, copies: dict[str, ObjectInfo]
+    ) -> None:
+        copies[destination] = await self.bucket.copy(
             info.name, destination, source_generation=info.generation, if_generation_match=None
         )
 

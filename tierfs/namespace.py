@@ -67,6 +67,19 @@ def decode_name(raw: bytes) -> str:
     return name
 
 
+def check_new_name(name: str) -> None:
+    """A name about to become an object: GCS refuses carriage returns and line feeds."""
+    if "\n" in name or "\r" in name:
+        raise InvalidName("object names cannot contain a newline or carriage return")
+
+
+def decode_target(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidName("symlink target is not valid UTF-8") from None
+
+
 def is_symlink(info: ObjectInfo) -> bool:
     return SYMLINK_TARGET_KEY in info.metadata or info.metadata.get(SYMLINK_FLAG_KEY) == "true"
 
@@ -80,6 +93,9 @@ class Namespace:
         self.implicit_dirs = implicit_dirs
 
     def file_object(self, path: str) -> str:
+        """The object of a file; ``foo\\n`` (the file beside a directory ``foo``) is ``foo``."""
+        if path.endswith(CONFLICT_SUFFIX):
+            path = path[: -len(CONFLICT_SUFFIX)]
         name = self.prefix + path
         if len(name.encode("utf-8")) > OBJECT_NAME_MAX_BYTES:
             raise NameTooLong(path)
@@ -95,20 +111,21 @@ class Namespace:
     async def lookup(self, path: str) -> Found | None:
         """Resolve one path with up to three concurrent requests (file, placeholder, implied)."""
         if path.endswith(CONFLICT_SUFFIX):
-            info = await self._stat(self.file_object(path[: -len(CONFLICT_SUFFIX)]))
+            info = await self._stat(self.file_object(path))
             return Found(False, info) if info is not None else None
+        file_name, dir_name = self.file_object(path), self.dir_object(path)
         results: dict[str, object] = {}
 
         async def stat_into(key: str, name: str) -> None:
             results[key] = await self._stat(name)
 
         async def implied() -> None:
-            listing = await self.bucket.list(self.dir_object(path), delimiter=None, max_results=1)
+            listing = await self.bucket.list(dir_name, delimiter=None, max_results=1)
             results["implied"] = bool(listing.objects or listing.prefixes)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(stat_into, "file", self.file_object(path))
-            nursery.start_soon(stat_into, "dir", self.dir_object(path))
+            nursery.start_soon(stat_into, "file", file_name)
+            nursery.start_soon(stat_into, "dir", dir_name)
             if self.implicit_dirs:
                 nursery.start_soon(implied)
         placeholder = results.get("dir")

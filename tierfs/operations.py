@@ -16,6 +16,7 @@ import errno
 import functools
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -23,7 +24,7 @@ import pyfuse3
 
 from tierfs.errors import errno_of
 from tierfs.filesystem import Attr, Filesystem
-from tierfs.namespace import decode_name
+from tierfs.namespace import decode_name, decode_target
 
 log = logging.getLogger("tierfs.fuse")
 
@@ -153,7 +154,7 @@ class Operations(pyfuse3.Operations):
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        inode = await self.fs.symlink(parent_inode, decode_name(name), os.fsdecode(target))
+        inode = await self.fs.symlink(parent_inode, decode_name(name), decode_target(target))
         return entry(self.fs.attr(inode))
 
     @_handler
@@ -178,8 +179,6 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        if not mode & 0o100000 and mode & 0o170000:
-            raise pyfuse3.FUSEError(errno.ENOTSUP)
         handle, inode = await self.fs.create(parent_inode, decode_name(name), flags)
         info = pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
         return info, entry(self.fs.attr(inode))
@@ -227,8 +226,16 @@ class Operations(pyfuse3.Operations):
     async def link(self, *args: Any) -> pyfuse3.EntryAttributes:
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
-    async def mknod(self, *args: Any) -> pyfuse3.EntryAttributes:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+    @_handler
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        """A regular file becomes an empty object (as gcsfuse); FIFOs, sockets, devices: ENOTSUP."""
+        if not stat.S_ISREG(mode):
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        handle, inode = await self.fs.create(parent_inode, decode_name(name), os.O_WRONLY)
+        await self.fs.release(handle.fh)
+        return entry(self.fs.attr(inode))
 
     async def getxattr(self, *args: Any) -> bytes:
         raise pyfuse3.FUSEError(errno.ENOSYS)
