@@ -12,6 +12,7 @@ that answers what we tell it, credentials) and of `MemoryBucket`'s test hooks.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -142,6 +143,14 @@ async def test_write_file_round_trip(bucket: Bucket, tmp_path: Path) -> None:
         assert await read_all(bucket, f"files/{name}", info.generation) == data
         middle = await bucket.read(f"files/{name}", generation=info.generation, offset=7, length=9)
         assert middle == data[7:16]
+
+
+async def test_write_file_of_a_missing_local_file(bucket: Bucket, tmp_path: Path) -> None:
+    # A local failure keeps its errno (ENOENT), it is not a storage error.
+    with pytest.raises(FileNotFoundError):
+        await bucket.write_file("obj", str(tmp_path / "missing"), if_generation_match=0)
+    with pytest.raises(NotFound):
+        await bucket.stat("obj")
 
 
 async def test_zero_size_objects(bucket: Bucket, tmp_path: Path) -> None:
@@ -430,18 +439,15 @@ async def test_odd_names_round_trip(bucket: Bucket, name: str) -> None:
     assert (await bucket.stat(name)).generation == info.generation
     assert await read_all(bucket, name, info.generation) == b"odd"
     assert names_of(await bucket.list("", delimiter=None)) == [name]
-    copy = (
-        await bucket.copy(
-            name, name + "~", source_generation=info.generation, if_generation_match=0
-        )
-        if len(name.encode()) < 1024
-        else None
+    copy_name = name[:-1] + "~"  # same length: still valid at 1,024 bytes
+    copy = await bucket.copy(
+        name, copy_name, source_generation=info.generation, if_generation_match=0
     )
-    if copy is not None:
-        assert copy.name == name + "~"
+    assert await read_all(bucket, copy.name, copy.generation) == b"odd"
     await bucket.delete(name)
     with pytest.raises(NotFound):
         await bucket.stat(name)
+    assert names_of(await bucket.list("", delimiter=None)) == [copy_name]
 
 
 INVALID_NAMES = [
@@ -553,7 +559,10 @@ class FakeGcs:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.server.handle_error = lambda request, address: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
 
     @property
     def endpoint(self) -> str:
@@ -621,6 +630,7 @@ def fake_gcs() -> Iterator[Callable[..., FakeGcs]]:
             gcs.close()
         for server in servers:
             server.__exit__()
+        gc.collect()  # a leaked connection warns here, in the test that leaked it
 
 
 def connect_fake(fake_gcs: Callable[..., FakeGcs], server: FakeGcs, **kwargs: object) -> GcsBucket:
@@ -730,10 +740,20 @@ async def test_connection_refused_is_a_backend_error() -> None:
         with pytest.raises(BackendError) as caught:
             await gcs.check()
         assert "gave up after 2 attempts" in str(caught.value)
+        assert f"connection failed (127.0.0.1:{port})" in str(caught.value)
         assert "\n" not in str(caught.value)
         assert gcs.statistics()["retries"] == 1
     finally:
         gcs.close()
+
+
+async def test_http_timeout_is_a_retried_backend_error(fake_gcs: Callable[..., FakeGcs]) -> None:
+    server = fake_gcs([OBJECT], delay_s=0.3)
+    settings = RetrySettings(max_attempts=2, initial_sleep_s=0.001, max_sleep_s=0.001)
+    gcs = connect_fake(fake_gcs, server, retry=settings, http_timeout_s=0.05)
+    with pytest.raises(BackendError, match=r"timed out .*\(gave up after 2 attempts\)"):
+        await gcs.stat("obj")
+    assert server.requests == 2
 
 
 async def test_one_limiter_bounds_concurrent_requests(fake_gcs: Callable[..., FakeGcs]) -> None:

@@ -67,15 +67,30 @@ async def serve(
     """Mount and serve until unmounted or signalled. ``ready(None)`` once the mount answers,
     ``ready(message)`` if it never will."""
     mountpoint = config.mountpoint
+    owned: GcsBucket | None = None
     try:
         check_before_mount(mountpoint)
         if bucket is None:
-            gcs = connect(config)
-            await gcs.check()
-            bucket = gcs
+            # Finding credentials may block (ADC can ask the metadata server): not on trio's thread.
+            owned = await trio.to_thread.run_sync(connect, config)
+            await owned.check()
+            bucket = owned
     except (MountError, TierfsError) as err:
+        if owned is not None:
+            owned.close()
         ready(str(err))
         return
+    try:
+        await _serve_mounted(config, bucket, ready)
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+async def _serve_mounted(
+    config: Config, bucket: Bucket, ready: Callable[[str | None], None]
+) -> None:
+    mountpoint = config.mountpoint
     settings = Settings.from_config(config, uid=os.getuid(), gid=os.getgid())
     fs = Filesystem(bucket, settings)
     operations = Operations(fs)

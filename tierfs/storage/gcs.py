@@ -31,17 +31,28 @@ Reads ask for an exact generation and a byte range; GCS (and the emulator) answe
 for a range starting at or past the end, which is simply EOF here.  Objects are read
 raw (``raw_download``), as gcsfuse does, so a gzip-encoded object reads as the bytes
 that ``size`` counts.
+
+Library quirks handled here: google-cloud-storage >= 3.17 starts a thread of its own to
+fetch bucket metadata for tracing (a request outside the limiter and the retry policy,
+which may outlive `close`), so that cache is switched off; a failed streamed download
+leaves its connection checked out until the response is read or closed (`_release`);
+with anonymous credentials a 401 must not trigger a token refresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
+import json
+import math
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import google.auth
 import requests
@@ -56,6 +67,8 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 from google.cloud.storage.exceptions import InvalidResponse
+from google.oauth2 import credentials as user_credentials
+from google.oauth2 import service_account
 
 import tierfs
 from tierfs.errors import (
@@ -80,6 +93,7 @@ UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 _CHECK_ATTEMPTS = 3
 _MAX_DETAIL_CHARS = 300
+_ERRNO = re.compile(r"\[Errno -?\d+\][^'\")]*")
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
     ConnectionError,
@@ -143,6 +157,21 @@ class _RetriesExhausted(Exception):
         self.cause = cause
 
 
+def _release(exc: BaseException) -> None:
+    """Close the HTTP response an error carries, if any.
+
+    A failed media download raises with its streamed response unread; until read or
+    closed, its connection is neither reused nor closed (a leaked socket per failed read).
+    """
+    for error in (exc, getattr(exc, "cause", None), exc.__cause__):
+        response = getattr(error, "response", None)
+        if isinstance(response, requests.Response):
+            if response.status_code >= 400:
+                with contextlib.suppress(Exception):
+                    _ = response.content  # a short error body: read, the connection is reused
+            response.close()
+
+
 def _is_transient(exc: Exception) -> bool:
     """Worth another attempt: throttling, server errors, broken or slow connections."""
     if isinstance(exc, api_exceptions.GoogleAPICallError):
@@ -185,6 +214,7 @@ class _BoundedRetry(Retry):
 
             def before_retry(exc: Exception) -> None:
                 nonlocal attempts
+                _release(exc)
                 if max_attempts and attempts >= max_attempts:
                     raise _RetriesExhausted(attempts, exc) from exc
                 attempts += 1
@@ -261,15 +291,45 @@ def _describe(exc: BaseException) -> str:
             errors = [e for e in exc.errors if isinstance(e, Mapping)]
             if errors and errors[0].get("message"):
                 reason = str(errors[0]["message"])
-            elif exc.response is not None:
-                reason = str(getattr(exc.response, "reason", "") or "")
-        elif isinstance(exc, InvalidResponse):
-            reason = str(getattr(exc.response, "reason", "") or "")
+        response = getattr(exc, "response", None)
+        if not reason and isinstance(response, requests.Response):
+            reason = _server_message(response) or response.reason or ""
         if not reason:
             reason = http.client.responses.get(status, "")
         return _one_line(f"HTTP {status} {reason}".strip())
+    if isinstance(exc, requests.RequestException):
+        return _describe_transport(exc)
     text = str(exc)
     return _one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def _server_message(response: requests.Response) -> str:
+    """``error.message`` of a JSON error body already read, else ""."""
+    if response._content_consumed is not True or not response._content:
+        return ""  # never read a body here: it may be a stream
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return str(message)
+
+
+def _describe_transport(exc: requests.RequestException) -> str:
+    """``connection failed (host:port): [Errno 111] Connection refused`` and the like."""
+    if isinstance(exc, requests.Timeout):
+        kind = "timed out"
+    elif isinstance(exc, requests.ConnectionError):
+        kind = "connection failed"
+    else:
+        kind = type(exc).__name__
+    request = exc.request
+    host = urlsplit(request.url).netloc if request is not None and request.url else ""
+    inner: object = exc.args[0] if exc.args else None
+    if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
+        inner = inner.reason
+    found = _ERRNO.search(str(exc))
+    detail = found.group(0).strip() if found else type(inner or exc).__name__
+    return _one_line(f"{kind} ({host}): {detail}" if host else f"{kind}: {detail}")
 
 
 def _map_error(exc: BaseException, what: str) -> TierfsError:
@@ -324,11 +384,7 @@ def _credentials(key_file: str, anonymous: bool) -> Credentials:
     if anonymous:
         return AnonymousCredentials()
     if key_file:
-        try:
-            credentials, _ = google.auth.load_credentials_from_file(key_file, scopes=scopes)
-        except (auth_exceptions.GoogleAuthError, OSError, ValueError) as exc:
-            raise AccessDenied(f"cannot use key file {key_file!r}: {_describe(exc)}") from None
-        return credentials
+        return _key_file_credentials(key_file, scopes)
     try:
         credentials, _ = google.auth.default(scopes=scopes)
     except auth_exceptions.DefaultCredentialsError as exc:
@@ -336,6 +392,24 @@ def _credentials(key_file: str, anonymous: bool) -> Credentials:
         detail = f" (GOOGLE_APPLICATION_CREDENTIALS: {_one_line(str(exc))})" if env else ""
         raise AccessDenied(NO_CREDENTIALS + detail) from None
     return credentials
+
+
+def _key_file_credentials(key_file: str, scopes: list[str]) -> Credentials:
+    """A service-account (or gcloud user) JSON key, loaded by its declared type only."""
+    try:
+        with open(key_file, encoding="utf-8") as stream:
+            info = json.load(stream)
+        kind = info.get("type") if isinstance(info, dict) else None
+        if kind == "service_account":
+            return service_account.Credentials.from_service_account_info(info, scopes=scopes)
+        if kind == "authorized_user":
+            return user_credentials.Credentials.from_authorized_user_info(info, scopes=scopes)
+    except (auth_exceptions.GoogleAuthError, OSError, ValueError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else _describe(exc)
+        raise AccessDenied(f"cannot use key file {key_file!r}: {detail}") from None
+    raise AccessDenied(
+        f"cannot use key file {key_file!r}: type {kind!r} is not a service account key"
+    )
 
 
 class GcsBucket:
@@ -353,6 +427,10 @@ class GcsBucket:
     ) -> None:
         settings = retry if retry is not None else RetrySettings()
         self.name = bucket_name
+        # google-cloud-storage >= 3.17 fetches bucket metadata for tracing attributes in
+        # a background thread of its own on first use: a request outside the limiter
+        # (and the retry policy) that may outlive close().  No tracing here: turn it off.
+        client._bucket_metadata_cache = None
         self._client = client
         self._bucket = client.bucket(bucket_name, user_project=billing_project or None)
         self._limiter = (
@@ -389,8 +467,13 @@ class GcsBucket:
         """
         limiter = limiter if limiter is not None else trio.CapacityLimiter(DEFAULT_CONCURRENCY)
         credentials = _credentials(key_file, anonymous or (bool(endpoint) and not key_file))
-        session = AuthorizedSession(credentials)
-        pool = max(int(limiter.total_tokens), 1) + 2
+        anonymous_credentials = isinstance(credentials, AnonymousCredentials)
+        # Anonymous credentials cannot be refreshed: let a 401 be a 401, not a refresh error.
+        session = AuthorizedSession(
+            credentials, refresh_status_codes=() if anonymous_credentials else (401,)
+        )
+        tokens = limiter.total_tokens
+        pool = (int(tokens) if math.isfinite(tokens) else DEFAULT_CONCURRENCY) + 2
         for scheme in ("https://", "http://"):
             session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=pool))
         user_agent = f"tierfs/{tierfs.__version__}" + (f" {app_name}" if app_name else "")
@@ -517,6 +600,7 @@ class GcsBucket:
                     timeout=timeout,
                 )
             except (api_exceptions.GoogleAPICallError, InvalidResponse) as exc:
+                _release(exc)
                 if _status_of(exc) == 416:  # range starts at or past the end
                     return b""
                 raise
@@ -543,12 +627,17 @@ class GcsBucket:
         bucket, timeout, chunk_bytes = self._bucket, self._timeout_s, self._chunk_bytes
         counters = self._counters
 
+        # Opened first, outside `_call`: a local failure (ENOENT, EACCES...) stays an
+        # OSError with its errno, as with `MemoryBucket`, instead of a BackendError.
+        stream = await trio.to_thread.run_sync(open, path, "rb")
+
         def run() -> ObjectInfo:
-            size = os.path.getsize(path)
+            size = os.fstat(stream.fileno()).st_size
             blob = bucket.blob(name, chunk_size=chunk_bytes)
             blob.metadata = blob_metadata
-            blob.upload_from_filename(
-                path,
+            blob.upload_from_file(
+                stream,
+                size=size,
                 content_type=content_type or DEFAULT_CONTENT_TYPE,
                 if_generation_match=if_generation_match,
                 checksum="crc32c",
@@ -558,7 +647,10 @@ class GcsBucket:
             counters.add(bytes_written=size)
             return _info(blob)
 
-        return await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
+        try:
+            return await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
+        finally:
+            stream.close()
 
     async def write_bytes(
         self,

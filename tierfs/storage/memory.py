@@ -166,6 +166,13 @@ class MemoryBucket:
     def statistics(self) -> dict[str, int]:
         return dict(self._counters)
 
+    async def check(self) -> None:
+        """Like `GcsBucket.check`: the bucket exists (always, here)."""
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Like `GcsBucket.close`: nothing to release."""
+
     # -- the protocol --------------------------------------------------------------------
 
     async def stat(self, name: str) -> ObjectInfo:
