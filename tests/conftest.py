@@ -7,17 +7,25 @@ each other's objects.  Clients use the explicit endpoint, not ``STORAGE_EMULATOR
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from google.cloud import storage
+from hypothesis import settings
 
 from tests.mounting import Mount
 from tierfs.emulator import Emulator
 
 MountFactory = Callable[..., Mount]
+
+# CI explores the same examples every run (a red CI should mean a regression, not a new
+# random draw); developers' runs keep exploring new ones.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 # --- GCS emulator -----------------------------------------------------------------------
 

@@ -387,7 +387,9 @@ def option_lines(draw: st.DrawFn) -> str:
 # The only cross-option checks a generated line may trip (values are drawn one by one).
 CROSS_OPTION = re.compile(
     r"^(option 'file-cache:max-parallel-downloads' must not be 0 while parallel downloads are on"
-    r"|options 'gcs-auth:anonymous-access' and 'gcs-auth:key-file' exclude each other)$"
+    r"|options 'gcs-auth:anonymous-access' and 'gcs-auth:key-file' exclude each other"
+    r"|options 'metrics:cloud-metrics-export-interval-secs' and "
+    r"'metrics:stackdriver-export-interval' exclude each other)$"
 )
 
 
