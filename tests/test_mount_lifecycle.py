@@ -10,6 +10,8 @@ PID in a ``finally``/fixture teardown, also when the test fails.
 from __future__ import annotations
 
 import errno
+import http.server
+import json
 import os
 import signal
 import socket
@@ -307,8 +309,11 @@ def test_foreground_stays_attached_until_signalled(
         text=True,
     )
     try:
-        wait_until(lambda: answers(mountpoint_dir) or proc.poll() is not None, READY_TIMEOUT_S,
-                   "the foreground mount")
+        wait_until(
+            lambda: answers(mountpoint_dir) or proc.poll() is not None,
+            READY_TIMEOUT_S,
+            "the foreground mount",
+        )
         assert proc.poll() is None, proc.communicate(timeout=10)
         data = os.urandom(1 << 20)
         (mountpoint_dir / "written.bin").write_bytes(data)  # written and closed
@@ -353,8 +358,11 @@ def test_unmount_waits_for_a_foreground_mount(
     )
     resume = threading.Timer(2.0, lambda: proc.send_signal(signal.SIGCONT))
     try:
-        wait_until(lambda: answers(mountpoint_dir) or proc.poll() is not None, READY_TIMEOUT_S,
-                   "the foreground mount")
+        wait_until(
+            lambda: answers(mountpoint_dir) or proc.poll() is not None,
+            READY_TIMEOUT_S,
+            "the foreground mount",
+        )
         (mountpoint_dir / "f.txt").write_text("f")
         os.stat(mountpoint_dir)  # cached: unmounting needs nothing from the stopped process
         # Stopped, the process cannot exit before `tierfs unmount` returns unless it is waited
@@ -432,3 +440,53 @@ def test_mount_again_recovers_a_killed_daemon(
         assert blob.download_as_bytes() == b"new"
     finally:
         force_cleanup(mount.path)
+
+
+class _Forbidden(http.server.BaseHTTPRequestHandler):
+    """A GCS endpoint that refuses everyone (403), as a bucket without IAM access does."""
+
+    def _refuse(self) -> None:
+        body = json.dumps({"error": {"code": 403, "message": "caller lacks storage.objects.list"}})
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _refuse
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_access_denied(mountpoint_dir: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Forbidden)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = tierfs(
+            "mount",
+            f"--custom-endpoint=http://127.0.0.1:{server.server_address[1]}",
+            "--anonymous-access",
+            "locked-bucket",
+            str(mountpoint_dir),
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    line = one_line_error(result)
+    assert line.startswith("tierfs: access to bucket 'locked-bucket' denied"), line
+    assert result.returncode == 1
+    assert_nothing_left(mountpoint_dir)
+
+
+def test_json_logs(mount_factory: MountFactory, tmp_path: Path) -> None:
+    log = tmp_path / "json.log"
+    mount = mount_factory("--log-format=json", f"--log-file={log}", name="jsonlog")
+    (mount.path / "f").write_bytes(b"x")
+    assert mount.unmount().returncode == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert records, "the daemon wrote no log lines"
+    assert {"timestamp", "severity", "message"} <= set(records[0])
+    assert any("mounted gs://" in r["message"] for r in records)
