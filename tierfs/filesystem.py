@@ -292,10 +292,7 @@ class Filesystem:
         return entries
 
     async def mkdir(self, parent_ino: int, name: str) -> Inode:
-        self._writable()
-        check_new_name(name)
-        parent = self._dir(parent_ino)
-        path = self.names.child_path(parent.path, name)
+        path = self._new_path(parent_ino, name)
         try:
             info = await self.bucket.write_bytes(
                 self.names.dir_object(path), b"", if_generation_match=0
@@ -309,12 +306,7 @@ class Filesystem:
         return inode
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
-        self._writable()
-        parent = self._dir(parent_ino)
-        path = self.names.child_path(parent.path, name)
-        inode = await self._resolve(path)
-        if inode is None:
-            raise NotFound(path)
+        path, inode = await self._existing(parent_ino, name)
         if inode.kind is not Kind.DIR:
             raise NotADirectory(path)
         if any(child.local_only for child in self.inodes.below(path)):
@@ -332,10 +324,7 @@ class Filesystem:
     # -- files: create, open, read, write --------------------------------------------------------
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
-        self._writable()
-        check_new_name(name)
-        parent = self._dir(parent_ino)
-        path = self.names.child_path(parent.path, name)
+        path = self._new_path(parent_ino, name)
         object_name = self.names.file_object(path)
         existing = self.inodes.current(path)
         if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
@@ -531,12 +520,7 @@ class Filesystem:
     # -- unlink, symlink, rename -----------------------------------------------------------------
 
     async def unlink(self, parent_ino: int, name: str) -> None:
-        self._writable()
-        parent = self._dir(parent_ino)
-        path = self.names.child_path(parent.path, name)
-        inode = await self._resolve(path)
-        if inode is None:
-            raise NotFound(path)
+        path, inode = await self._existing(parent_ino, name)
         if inode.kind is Kind.DIR:
             raise IsADirectory(path)
         async with self._lock(inode):
@@ -564,10 +548,7 @@ class Filesystem:
         inode.staged.uploaded_version = inode.staged.version
 
     async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:
-        self._writable()
-        check_new_name(name)
-        parent = self._dir(parent_ino)
-        path = self.names.child_path(parent.path, name)
+        path = self._new_path(parent_ino, name)
         metadata = {SYMLINK_TARGET_KEY: target}
         body = b""
         if self.settings.standard_symlinks:
@@ -751,6 +732,21 @@ class Filesystem:
                 inode.staged = None
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _new_path(self, parent_ino: int, name: str) -> str:
+        """The path a create-like operation will make (writable mount, a name GCS accepts)."""
+        self._writable()
+        check_new_name(name)
+        return self.names.child_path(self._dir(parent_ino).path, name)
+
+    async def _existing(self, parent_ino: int, name: str) -> tuple[str, Inode]:
+        """The path and inode a remove-like operation acts on (ENOENT if there is none)."""
+        self._writable()
+        path = self.names.child_path(self._dir(parent_ino).path, name)
+        inode = await self._resolve(path)
+        if inode is None:
+            raise NotFound(path)
+        return path, inode
 
     def _inode(self, ino: int) -> Inode:
         inode = self.inodes.get(ino)

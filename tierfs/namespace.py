@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import trio
 
 from tierfs.errors import InvalidName, NameTooLong, NotFound
-from tierfs.storage import Bucket, ObjectInfo
+from tierfs.storage import Bucket, ObjectInfo, check_name
 
 SYMLINK_TARGET_KEY = "gcsfuse_symlink_target"
 SYMLINK_FLAG_KEY = "goog-reserved-file-is-symlink"
@@ -68,9 +68,8 @@ def decode_name(raw: bytes) -> str:
 
 
 def check_new_name(name: str) -> None:
-    """A name about to become an object: GCS refuses carriage returns and line feeds."""
-    if "\n" in name or "\r" in name:
-        raise InvalidName("object names cannot contain a newline or carriage return")
+    """A name about to become part of an object name: GCS's rules (no CR/LF...)."""
+    check_name(name)
 
 
 def decode_target(raw: bytes) -> str:

@@ -19,6 +19,48 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tierfs.errors import InvalidName
+
+MAX_NAME_BYTES = 1024
+# The counters every Bucket's statistics() reports.
+STAT_KEYS = (
+    "requests",
+    "stats",
+    "lists",
+    "media_reads",
+    "bytes_read",
+    "uploads",
+    "bytes_written",
+    "deletes",
+    "copies",
+    "errors",
+    "retries",
+)
+
+
+def check_name(name: str) -> None:
+    """Raise `InvalidName` unless GCS accepts ``name`` for a new object.
+
+    GCS's rules: 1 to 1,024 bytes of UTF-8; no carriage return or line feed; not
+    ``.`` or ``..``; not under ``.well-known/acme-challenge/``.  (`GcsBucket` checks
+    the same before sending a write, so both implementations answer alike; the
+    emulator itself accepts all of these.)
+    """
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidName(f"object name is not valid UTF-8: {name!r}") from None
+    if size == 0:
+        raise InvalidName("object name is empty")
+    if size > MAX_NAME_BYTES:
+        raise InvalidName(f"object name is {size} bytes long, GCS allows {MAX_NAME_BYTES}")
+    if "\r" in name or "\n" in name:
+        raise InvalidName(f"object name contains a carriage return or line feed: {name!r}")
+    if name in (".", ".."):
+        raise InvalidName(f"object name cannot be {name!r}")
+    if name.startswith(".well-known/acme-challenge/"):
+        raise InvalidName(f"object name cannot start with .well-known/acme-challenge/: {name!r}")
+
 
 @dataclass(frozen=True)
 class ObjectInfo:

@@ -78,8 +78,7 @@ from tierfs.errors import (
     PreconditionFailed,
     TierfsError,
 )
-from tierfs.storage import Listing, ObjectInfo
-from tierfs.storage.memory import check_name
+from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
 
 __all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
 
@@ -103,19 +102,6 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
     requests.exceptions.ChunkedEncodingError,
     http.client.HTTPException,
     urllib3.exceptions.HTTPError,
-)
-_STAT_KEYS = (
-    "requests",
-    "stats",
-    "lists",
-    "media_reads",
-    "bytes_read",
-    "uploads",
-    "bytes_written",
-    "deletes",
-    "copies",
-    "errors",
-    "retries",
 )
 
 T = TypeVar("T")
@@ -251,7 +237,7 @@ class _Counters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values = dict.fromkeys(_STAT_KEYS, 0)
+        self._values = dict.fromkeys(STAT_KEYS, 0)
 
     def add(self, **increments: int) -> None:
         with self._lock:

@@ -43,31 +43,17 @@ try:  # the C extension google-cloud-storage itself depends on; not a google.* m
 except ImportError:  # pragma: no cover
     google_crc32c = None
 
-from tierfs.errors import InvalidName, NotFound, PreconditionFailed
-from tierfs.storage import Listing, ObjectInfo
+from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
 
-__all__ = ["OPERATIONS", "MemoryBucket", "check_name"]
+__all__ = ["OPERATIONS", "MemoryBucket"]
 
-MAX_NAME_BYTES = 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 OPERATIONS = frozenset(
     {"stat", "list", "read", "write_file", "write_bytes", "delete", "copy", "update_metadata"}
 )
 _FIRST_GENERATION = 1_700_000_000_000_000
 T = TypeVar("T")
-_STAT_KEYS = (
-    "requests",
-    "stats",
-    "lists",
-    "media_reads",
-    "bytes_read",
-    "uploads",
-    "bytes_written",
-    "deletes",
-    "copies",
-    "errors",
-    "retries",
-)
 
 
 def _crc32c(data: bytes) -> str | None:
@@ -75,30 +61,6 @@ def _crc32c(data: bytes) -> str | None:
     if google_crc32c is None:
         return None
     return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode("ascii")
-
-
-def check_name(name: str) -> None:
-    """Raise `InvalidName` unless GCS accepts ``name`` for a new object.
-
-    GCS's rules: 1 to 1,024 bytes of UTF-8; no carriage return or line feed; not
-    ``.`` or ``..``; not under ``.well-known/acme-challenge/``.  (`GcsBucket` checks
-    the same before sending a write, so both implementations answer alike; the
-    emulator itself accepts all of these.)
-    """
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidName(f"object name is not valid UTF-8: {name!r}") from None
-    if size == 0:
-        raise InvalidName("object name is empty")
-    if size > MAX_NAME_BYTES:
-        raise InvalidName(f"object name is {size} bytes long, GCS allows {MAX_NAME_BYTES}")
-    if "\r" in name or "\n" in name:
-        raise InvalidName(f"object name contains a carriage return or line feed: {name!r}")
-    if name in (".", ".."):
-        raise InvalidName(f"object name cannot be {name!r}")
-    if name.startswith(".well-known/acme-challenge/"):
-        raise InvalidName(f"object name cannot start with .well-known/acme-challenge/: {name!r}")
 
 
 @dataclass(frozen=True)
@@ -124,7 +86,7 @@ class MemoryBucket:
         self._sorted_names: list[str] = []
         self._next_generation = _FIRST_GENERATION
         self._faults: list[tuple[str, Exception]] = []
-        self._counters = dict.fromkeys(_STAT_KEYS, 0)
+        self._counters = dict.fromkeys(STAT_KEYS, 0)
 
     # -- test hooks ----------------------------------------------------------------------
 
