@@ -111,7 +111,22 @@ class Driver:
             self.fs.releasedir(fh)
 
 
-async def apply(op: tuple, fs: Filesystem, bucket: MemoryBucket, model: Model) -> None:
+class Clock:
+    """Injected monotonic time: the metadata cache's TTLs pass when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def pass_ttls(self) -> None:
+        self.now += 3600
+
+
+async def apply(
+    op: tuple, fs: Filesystem, bucket: MemoryBucket, model: Model, clock: Clock
+) -> None:
     drive = Driver(fs)
     kind = op[0]
     if kind == "write_new":
@@ -180,12 +195,14 @@ async def apply(op: tuple, fs: Filesystem, bucket: MemoryBucket, model: Model) -
             return
         bucket.put(path, body)
         model.files[path] = body
+        clock.pass_ttls()  # other clients' changes show once cached metadata expires
     elif kind == "remote_delete":
         _, path = op
         if path not in model.files:
             return
         bucket.remove(path)
         del model.files[path]
+        clock.pass_ttls()
     elif kind == "clobber":
         _, path, mine, theirs = op
         if path not in model.files:
@@ -197,6 +214,7 @@ async def apply(op: tuple, fs: Filesystem, bucket: MemoryBucket, model: Model) -
             await fs.release(handle.fh)
         assert errno_of(info.value) == errno.ESTALE
         model.files[path] = theirs
+        clock.pass_ttls()
 
 
 def _ancestors(path: str) -> list[str]:
@@ -222,14 +240,16 @@ async def check(fs: Filesystem, bucket: MemoryBucket, model: Model) -> None:
 def test_core_matches_model(sequence: list[tuple], tmp_path: Path) -> None:
     async def main() -> None:
         bucket = MemoryBucket("model")
+        clock = Clock()
         fs = Filesystem(
             bucket,
             Settings(implicit_dirs=True, temp_dir=str(tmp_path), rename_dir_limit=1000),
+            monotonic_s=clock,
         )
         model = Model()
         try:
             for op in sequence:
-                await apply(op, fs, bucket, model)
+                await apply(op, fs, bucket, model, clock)
                 await check(fs, bucket, model)
             assert not [i for i in fs.inodes.by_ino.values() if i.staged is not None]
         finally:

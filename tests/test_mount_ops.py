@@ -687,7 +687,14 @@ def test_other_client_rewrites_file_open_for_write_estale(
     assert not exists(gcs_client, area.bucket, area.obj("gone"))
 
 
-def test_file_replaced_by_other_client(area: Area, gcs_client: storage.Client) -> None:
+def test_file_replaced_by_other_client(
+    mount_factory: MountFactory, gcs_client: storage.Client
+) -> None:
+    """With metadata-cache:ttl-secs 0 (gcsfuse's advice for strict consistency) another
+    client's change is seen by the next open; with a TTL, once it expires (test_metadata)."""
+    mount = mount_factory("--metadata-cache-ttl-secs=0")
+    area = Area(mount, "strict")
+    area.path.mkdir()
     path, key = area.path / "r", area.obj("r")
     path.write_bytes(b"one" * 1000)
     assert path.read_bytes() == b"one" * 1000  # now in the kernel's page cache

@@ -41,9 +41,11 @@ from tierfs.errors import (
 )
 from tierfs.handles import DirHandle, FileHandle, HandleTable
 from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
+from tierfs.metacache import MetadataCache, size_limit, ttl_s
 from tierfs.namespace import (
     SYMLINK_FLAG_KEY,
     SYMLINK_TARGET_KEY,
+    Found,
     Namespace,
     check_new_name,
     is_symlink,
@@ -76,6 +78,9 @@ class Settings:
     read_only: bool = False
     standard_symlinks: bool = True
     create_empty_file: bool = False
+    metadata_ttl_s: float = 60.0
+    negative_ttl_s: float = 5.0
+    stat_cache_max_bytes: float = 34 << 20
 
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
@@ -97,6 +102,9 @@ class Settings:
             read_only="ro" in config.fuse_options,
             standard_symlinks=config["enable-standard-symlinks"],
             create_empty_file=config["write:create-empty-file"],
+            metadata_ttl_s=ttl_s(ttl),
+            negative_ttl_s=ttl_s(config["metadata-cache:negative-ttl-secs"]),
+            stat_cache_max_bytes=size_limit(config["metadata-cache:stat-cache-max-size-mb"]),
         )
 
 
@@ -135,12 +143,22 @@ class Filesystem:
         settings: Settings,
         *,
         clock_ns: Callable[[], int] = time.time_ns,
+        monotonic_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bucket = bucket
         self.settings = settings
         self.clock_ns = clock_ns
+        self.metadata = MetadataCache(
+            ttl_s=settings.metadata_ttl_s,
+            negative_ttl_s=settings.negative_ttl_s,
+            max_bytes=settings.stat_cache_max_bytes,
+            clock=monotonic_s,
+        )
         self.names = Namespace(
-            bucket, only_dir=settings.only_dir, implicit_dirs=settings.implicit_dirs
+            bucket,
+            only_dir=settings.only_dir,
+            implicit_dirs=settings.implicit_dirs,
+            cache=self.metadata,
         )
         self.inodes = InodeTable(root_mtime_ns=clock_ns())
         self.files: HandleTable[FileHandle] = HandleTable()
@@ -298,7 +316,9 @@ class Filesystem:
                 self.names.dir_object(path), b"", if_generation_match=0
             )
         except PreconditionFailed:
+            self.names.forget(path)
             raise AlreadyExists(path) from None
+        self.names.learned(path, Found(True, info, placeholder=True))
         inode = self.inodes.make(
             Kind.DIR, path, mtime_ns=parse_mtime(info.metadata, info.updated_s), placeholder=True
         )
@@ -319,6 +339,7 @@ class Filesystem:
             await self.bucket.delete(placeholder)
         except NotFound:
             pass  # an implicit directory: nothing to delete
+        self.names.removed(path)
         self.inodes.detach(inode)
 
     # -- files: create, open, read, write --------------------------------------------------------
@@ -445,7 +466,9 @@ class Filesystem:
             info = await staged.upload(self.bucket, object_name, metadata)
         except PreconditionFailed:
             staged.clobbered = True
+            self.names.forget(inode.path)
             raise
+        self.names.learned(inode.path, Found(False, info))
         inode.generation = info.generation
         inode.metageneration = info.metageneration
         inode.size = info.size
@@ -516,6 +539,7 @@ class Filesystem:
             )
             inode.metageneration = info.metageneration
             inode.metadata = dict(info.metadata)
+            self.names.learned(inode.path, Found(False, info))
 
     # -- unlink, symlink, rename -----------------------------------------------------------------
 
@@ -532,6 +556,7 @@ class Filesystem:
                 except NotFound:
                     pass  # already gone: the name is gone either way
             inode.unlinked = True
+            self.names.removed(path)
             self.inodes.detach(inode)
 
     async def _stage_unlocked(self, inode: Inode) -> None:
@@ -560,7 +585,9 @@ class Filesystem:
                 self.names.file_object(path), body, if_generation_match=0, metadata=metadata
             )
         except PreconditionFailed:
+            self.names.forget(path)
             raise AlreadyExists(path) from None
+        self.names.learned(path, Found(False, info))
         inode = self.inodes.make(
             Kind.SYMLINK,
             path,
@@ -612,6 +639,7 @@ class Filesystem:
                 # Never uploaded: a purely local rename; the upload goes to the new name.
                 if target is not None:
                     await self._drop_target(target, new_path)
+                self.names.forget(new_path)
                 self.inodes.move(source, new_path)
                 return
             staged = source.staged
@@ -638,6 +666,8 @@ class Filesystem:
             if target is not None:
                 target.unlinked = True
                 self.inodes.detach(target)
+            self.names.removed(source.path)
+            self.names.learned(new_path, Found(False, info))
             self.inodes.move(source, new_path)
             source.generation = info.generation
             source.metageneration = info.metageneration
@@ -651,6 +681,7 @@ class Filesystem:
             except NotFound:
                 pass
         target.unlinked = True
+        self.names.learned(path, None)
         self.inodes.detach(target)
 
     async def _rename_dir(self, source: Inode, target: Inode | None, new_path: str) -> None:
@@ -681,6 +712,8 @@ class Filesystem:
         async with trio.open_nursery() as nursery:
             for info in objects:
                 nursery.start_soon(self._delete_one, info)
+        self.names.removed(source.path)
+        self.names.forget(new_path, below=True)
         self.inodes.move(source, new_path)
         source.placeholder = True
         for inode in self.inodes.below(new_path):

@@ -19,12 +19,17 @@ knows nothing of inodes or FUSE.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from tierfs.errors import InvalidName, NameTooLong, NotFound
 from tierfs.storage import Bucket, ObjectInfo, check_name
 
+if TYPE_CHECKING:
+    from tierfs.metacache import MetadataCache
+
+MISSING: Any = object()  # "not in the metadata cache" (None means "cached: nothing there")
 SYMLINK_TARGET_KEY = "gcsfuse_symlink_target"
 SYMLINK_FLAG_KEY = "goog-reserved-file-is-symlink"
 CONFLICT_SUFFIX = "\n"
@@ -86,10 +91,37 @@ def is_symlink(info: ObjectInfo) -> bool:
 class Namespace:
     """Path <-> object-name mapping and the GCS requests that resolve one path."""
 
-    def __init__(self, bucket: Bucket, *, only_dir: str = "", implicit_dirs: bool = False) -> None:
+    def __init__(
+        self,
+        bucket: Bucket,
+        *,
+        only_dir: str = "",
+        implicit_dirs: bool = False,
+        cache: MetadataCache | None = None,
+    ) -> None:
         self.bucket = bucket
         self.prefix = only_dir.strip("/") + "/" if only_dir.strip("/") else ""
         self.implicit_dirs = implicit_dirs
+        self.cache = cache
+
+    def learned(self, path: str, found: Found | None) -> None:
+        """This mount changed ``path``: its new state is known without asking GCS."""
+        if self.cache is not None:
+            self.cache.put(path, found)
+
+    def forget(self, path: str, *, below: bool = False) -> None:
+        if self.cache is not None:
+            if below:
+                self.cache.forget_below(path)
+            else:
+                self.cache.forget(path)
+
+    def removed(self, path: str) -> None:
+        """This mount removed ``path``: it is gone, and implied parents may be too."""
+        if self.cache is not None:
+            self.cache.forget_below(path)
+            self.cache.put(path, None)
+            self.cache.forget_implied_above(path)
 
     def file_object(self, path: str) -> str:
         """The object of a file; ``foo\\n`` (the file beside a directory ``foo``) is ``foo``."""
@@ -108,6 +140,16 @@ class Namespace:
         return f"{parent}/{name}" if parent else name
 
     async def lookup(self, path: str) -> Found | None:
+        """Resolve one path: from the metadata cache, else by asking GCS."""
+        if self.cache is not None:
+            cached = self.cache.get(path)
+            if cached is not MISSING:
+                return cached
+        found = await self._lookup(path)
+        self.learned(path, found)
+        return found
+
+    async def _lookup(self, path: str) -> Found | None:
         """Resolve one path with up to three concurrent requests (file, placeholder, implied)."""
         if path.endswith(CONFLICT_SUFFIX):
             info = await self._stat(self.file_object(path))
@@ -151,7 +193,12 @@ class Namespace:
             part = info.name[len(prefix) :]
             if not valid_part(part):
                 continue  # the placeholder itself (''), or a name no path can hold
-            files.append((part + CONFLICT_SUFFIX if part in dir_set else part, info))
+            entry = part + CONFLICT_SUFFIX if part in dir_set else part
+            files.append((entry, info))
+            self.learned(self.child_path(path, entry), Found(False, info))
+        if self.implicit_dirs:
+            for part in dirs:  # without implicit-dirs a prefix alone is not a directory
+                self.learned(self.child_path(path, part), Found(True))
         return DirListing(tuple(files), tuple(dirs))
 
     async def list_below(self, path: str) -> tuple[ObjectInfo, ...]:

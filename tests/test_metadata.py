@@ -1,0 +1,151 @@
+"""The metadata cache, counted in GCS requests, with injected time (no test sleeps)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from tierfs.errors import NotFound, PreconditionFailed, errno_of
+from tierfs.filesystem import Filesystem, Settings
+from tierfs.inodes import ROOT_INO
+from tierfs.metacache import MetadataCache
+from tierfs.namespace import Found
+from tierfs.storage import ObjectInfo
+from tierfs.storage.memory import MemoryBucket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(tmp_path: Path, **settings: object) -> tuple[Filesystem, MemoryBucket, Clock]:
+    bucket = MemoryBucket("meta")
+    clock = Clock()
+    fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path), **settings), monotonic_s=clock)
+    return fs, bucket, clock
+
+
+def requests(bucket: MemoryBucket) -> int:
+    return bucket.statistics()["requests"]
+
+
+async def read(fs: Filesystem, name: str) -> bytes:
+    ino = (await fs.lookup(ROOT_INO, name)).ino
+    handle = await fs.open(ino, os.O_RDONLY)
+    try:
+        return bytes(await fs.read(handle.fh, 0, 1 << 20))
+    finally:
+        await fs.release(handle.fh)
+
+
+async def test_lookup_within_ttl_makes_no_request(tmp_path: Path) -> None:
+    fs, bucket, clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("f", b"v1")
+    await fs.lookup(ROOT_INO, "f")
+    before = requests(bucket)
+    for _ in range(5):
+        clock.now += 10  # 50 s in all: within the TTL
+        await fs.lookup(ROOT_INO, "f")
+    assert requests(bucket) == before
+
+
+async def test_new_bytes_once_the_ttl_has_passed(tmp_path: Path) -> None:
+    fs, bucket, clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("f", b"v1")
+    assert await read(fs, "f") == b"v1"
+    bucket.put("f", b"v2, longer")
+    clock.now += 59
+    with pytest.raises(PreconditionFailed):  # cached metadata names generation 1, now gone
+        await read(fs, "f")
+    clock.now += 2
+    assert await read(fs, "f") == b"v2, longer"
+
+
+async def test_negative_entry_until_it_expires(tmp_path: Path) -> None:
+    fs, bucket, clock = make(tmp_path, negative_ttl_s=5.0)
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "late")
+    before = requests(bucket)
+    bucket.put("late", b"here now")
+    clock.now += 4
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "late")
+    assert requests(bucket) == before
+    clock.now += 2
+    assert (await fs.lookup(ROOT_INO, "late")).size == len(b"here now")
+
+
+async def test_ttl_zero_asks_every_time(tmp_path: Path) -> None:
+    fs, bucket, _ = make(tmp_path, metadata_ttl_s=0.0, negative_ttl_s=0.0)
+    bucket.put("f", b"x")
+    await fs.lookup(ROOT_INO, "f")
+    before = requests(bucket)
+    await fs.lookup(ROOT_INO, "f")
+    assert requests(bucket) > before
+
+
+async def test_listing_fills_the_cache(tmp_path: Path) -> None:
+    fs, bucket, _ = make(tmp_path)
+    for i in range(20):
+        bucket.put(f"f{i}", b"x" * i)
+    fh = fs.opendir(ROOT_INO)
+    assert len(await fs.readdir(fh, 0)) == 20
+    fs.releasedir(fh)
+    before = requests(bucket)
+    for i in range(20):
+        assert (await fs.lookup(ROOT_INO, f"f{i}")).size == i
+    assert requests(bucket) == before  # ls -l after ls: no stat per entry
+
+
+async def test_own_changes_are_seen_at_once(tmp_path: Path) -> None:
+    fs, _bucket, _ = make(tmp_path, metadata_ttl_s=3600.0, negative_ttl_s=3600.0)
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "new")  # cached as missing for an hour...
+    handle, _ = await fs.create(ROOT_INO, "new", os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"mine")
+    await fs.release(handle.fh)
+    assert await read(fs, "new") == b"mine"  # ...but this mount made it
+    await fs.unlink(ROOT_INO, "new")
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "new")
+    await fs.mkdir(ROOT_INO, "d")
+    assert (await fs.lookup(ROOT_INO, "d")).ino
+    await fs.rmdir(ROOT_INO, "d")
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "d")
+
+
+async def test_implied_directory_vanishes_with_its_last_object(tmp_path: Path) -> None:
+    fs, bucket, _ = make(tmp_path, implicit_dirs=True, metadata_ttl_s=3600.0)
+    bucket.put("x/y", b"y")
+    x = await fs.lookup(ROOT_INO, "x")
+    await fs.lookup(x.ino, "y")
+    await fs.unlink(x.ino, "y")
+    with pytest.raises(NotFound) as info:
+        await fs.lookup(ROOT_INO, "x")
+    assert errno_of(info.value) == errno.ENOENT
+
+
+def test_cache_stays_within_its_byte_budget() -> None:
+    clock = Clock()
+    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=10_000, clock=clock)
+    for i in range(1000):
+        cache.put(f"dir/file-{i}", Found(False, ObjectInfo(f"dir/file-{i}", i, i + 1)))
+        assert cache.statistics()["used_bytes"] <= 10_000
+    assert 0 < cache.statistics()["entries"] < 1000
+    assert cache.get("dir/file-999") is not None  # the most recent survive
+
+
+def test_disabled_cache_never_hits() -> None:
+    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=0)
+    cache.put("a", Found(True))
+    from tierfs.namespace import MISSING
+
+    assert cache.get("a") is MISSING

@@ -1,0 +1,50 @@
+"""Data tiers: the caches between the kernel's page cache and GCS.
+
+Every tier stores fixed-size *blocks* of object data under a `BlockKey`
+(object name, generation, block index). The generation is part of the key,
+so a new generation is simply a new key and nothing is ever invalidated: old
+blocks age out (DESIGN decision 2). All blocks of one chain have the same
+size (``ram-cache:block-size-mb``); the last block of an object is shorter.
+
+The chain is RAM (`ram.RamTier`) then SSD (`ssd.SsdTier`); the reader asks
+them in order, copies a hit up to the faster tiers, and fetches a miss from
+GCS itself: tiers never call GCS. A tier that fails is logged and counted as
+a miss, never an error to the user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, order=True)
+class BlockKey:
+    """One block of one generation of one object."""
+
+    name: str
+    generation: int
+    index: int
+
+
+class Tier(Protocol):
+    """One cache level. Safe to call from many trio tasks."""
+
+    name: str
+
+    async def get(self, key: BlockKey) -> bytes | None:
+        """The block's bytes, or None on a miss (also when the stored copy is damaged)."""
+        ...
+
+    async def put(self, key: BlockKey, data: bytes) -> None:
+        """Store one block (may evict others; never raises for lack of space)."""
+        ...
+
+    async def discard(self, name: str, generation: int | None = None) -> None:
+        """Drop the blocks of an object (one generation, or all)."""
+        ...
+
+    def statistics(self) -> dict[str, int]:
+        """``hits``, ``misses``, ``bytes_read``, ``bytes_written``, ``evictions``,
+        ``used_bytes``, ``capacity_bytes``, ``errors``..."""
+        ...
