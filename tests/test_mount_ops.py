@@ -30,6 +30,7 @@ import pytest
 from google.cloud import storage
 
 from tests.mounting import Mount
+from tierfs import mountpoint
 from tierfs.emulator import Emulator
 
 MountFactory = Callable[..., Mount]
@@ -906,3 +907,11 @@ def test_tar_round_trip(area: Area, gcs_client: storage.Client, tmp_path: Path) 
         # tar restores mtimes: they land in gcsfuse_mtime.
         when = datetime.datetime.fromtimestamp(f.stat().st_mtime, tz=datetime.UTC)
         assert blobs[rel].metadata["gcsfuse_mtime"] == when.strftime("%Y-%m-%dT%H:%M:%SZ"), rel
+
+
+def test_read_ahead_kb_applied(mount_factory: MountFactory) -> None:
+    mount = mount_factory("-o", "read_ahead_kb=1024")
+    device = mountpoint.device_of(str(mount.path))
+    assert device is not None
+    with open(f"/sys/class/bdi/{device}/read_ahead_kb", encoding="ascii") as knob:
+        assert knob.read().strip() == "1024"

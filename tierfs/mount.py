@@ -24,7 +24,7 @@ import trio
 from mount_options import Config
 from tierfs.errors import TierfsError
 from tierfs.filesystem import Filesystem, Settings
-from tierfs.mountpoint import MountError, check_before_mount
+from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
 from tierfs.operations import Operations
 from tierfs.storage import Bucket
 from tierfs.storage.gcs import GcsBucket, RetrySettings
@@ -104,7 +104,7 @@ async def _serve_mounted(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, fs, signalled)
-            ready(None)
+            nursery.start_soon(_announce, mountpoint, config["read-ahead-kb"], ready, signalled)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
     finally:
@@ -117,6 +117,31 @@ async def _serve_mounted(
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())
         log.info("unmounted %s", mountpoint)
+
+
+async def _announce(
+    mountpoint: str,
+    read_ahead_kb: int,
+    ready: Callable[[str | None], None],
+    stop: trio.Event,
+) -> None:
+    """Say ``ready`` once the mount answers: a statvfs from a thread returns only after the
+    kernel's FUSE INIT, served by the request loop running beside it. INIT resets the
+    mount's read-ahead, so ``read_ahead_kb`` is applied here, before announcing."""
+    try:
+        await trio.to_thread.run_sync(os.statvfs, mountpoint)
+    except OSError as err:
+        ready(f"mounted, but {mountpoint} does not answer: {err.strerror}")
+        stop.set()  # we unmount ourselves on the way out
+        pyfuse3.terminate()
+        return
+    if read_ahead_kb:
+        try:
+            set_read_ahead(mountpoint, read_ahead_kb)
+            log.info("read_ahead_kb=%d on %s", read_ahead_kb, mountpoint)
+        except MountError as err:
+            log.warning("%s", err)
+    ready(None)
 
 
 async def _on_signals(fs: Filesystem, signalled: trio.Event) -> None:
