@@ -7,6 +7,7 @@ No traceback reaches the user; ``TIERFS_DEBUG=1`` prints it for developers.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -35,6 +36,7 @@ usage: {PROG} COMMAND [options]
 
 commands:
   mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
+  stats [--json] MOUNTPOINT                    hits, misses and bytes per tier; GCS requests
   unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
   install-helper [--prefix DIR]                install /sbin/mount.tierfs for mount(8) and fstab
@@ -100,6 +102,8 @@ def _main(argv: list[str]) -> int:
         return _mount(mount_options.parse_flags(rest, MOUNT_EXTRAS), ["mount", *rest])
     if command in ("unmount", "umount"):
         return _unmount(rest)
+    if command == "stats":
+        return _stats(rest)
     if command == "demo":
         from tierfs.demo import run_demo
 
@@ -123,6 +127,24 @@ def _mount_helper(argv: list[str]) -> int:
         elif arg not in HELPER_ONLY_FLAGS:
             child.append(arg)
     return _mount(line, child)
+
+
+def _stats(argv: list[str]) -> int:
+    from tierfs.control import render_statistics, request_statistics
+
+    as_json = "--json" in argv
+    args = [a for a in argv if a != "--json"]
+    if len(args) != 1 or args[0].startswith("-"):
+        raise UsageError("usage: tierfs stats [--json] MOUNTPOINT")
+    try:
+        data = request_statistics(args[0])
+    except OSError as err:
+        print(
+            f"{PROG}: no tierfs mount answers at {args[0]}: {err.strerror or err}", file=sys.stderr
+        )
+        return 1
+    print(json.dumps(data, indent=2) if as_json else render_statistics(data))
+    return 0
 
 
 def _unmount(argv: list[str]) -> int:
@@ -216,8 +238,6 @@ def effective_config(line: CommandLine) -> Config:
 
 
 def _json_object(text: str) -> dict[str, str]:
-    import json
-
     try:
         value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
     except (OSError, json.JSONDecodeError) as err:

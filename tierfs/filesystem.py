@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import trio
 
 from mount_options import Config
+from mount_options.derive import file_cache_enabled
+from tierfs.blocks import BlockReader, Blocks, Spawn
 from tierfs.errors import (
     AlreadyExists,
     IsADirectory,
@@ -50,7 +52,6 @@ from tierfs.namespace import (
     check_new_name,
     is_symlink,
 )
-from tierfs.reader import Reader
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
@@ -81,7 +82,8 @@ class Settings:
     metadata_ttl_s: float = 60.0
     negative_ttl_s: float = 5.0
     stat_cache_max_bytes: float = 34 << 20
-
+    file_cache: bool = False  # whole objects into the SSD tier on first read
+    cache_for_range_read: bool = False
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
         ttl = config["metadata-cache:ttl-secs"]
@@ -105,6 +107,8 @@ class Settings:
             metadata_ttl_s=ttl_s(ttl),
             negative_ttl_s=ttl_s(config["metadata-cache:negative-ttl-secs"]),
             stat_cache_max_bytes=size_limit(config["metadata-cache:stat-cache-max-size-mb"]),
+            file_cache=file_cache_enabled(config.settings),
+            cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
 
 
@@ -144,10 +148,16 @@ class Filesystem:
         *,
         clock_ns: Callable[[], int] = time.time_ns,
         monotonic_s: Callable[[], float] = time.monotonic,
+        blocks: Blocks | None = None,
+        spawn: Spawn | None = None,
     ) -> None:
         self.bucket = bucket
         self.settings = settings
         self.clock_ns = clock_ns
+        self.blocks = blocks or Blocks(
+            bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
+        )
+        self.spawn = spawn
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,
             negative_ttl_s=settings.negative_ttl_s,
@@ -246,6 +256,7 @@ class Filesystem:
         ):
             current.metageneration = info.metageneration
             current.mtime_ns = parse_mtime(info.metadata, info.updated_s)
+            current.crc32c = info.crc32c
             return current
         kind = Kind.SYMLINK if is_symlink(info) else Kind.FILE
         target = await self.names.symlink_target(info) if kind is Kind.SYMLINK else ""
@@ -261,6 +272,7 @@ class Filesystem:
             mtime_ns=parse_mtime(info.metadata, info.updated_s),
             target=target,
             metadata=dict(info.metadata),
+            crc32c=info.crc32c,
         )
 
     def _dir_mtime(self, info: ObjectInfo | None) -> int:
@@ -388,12 +400,16 @@ class Filesystem:
         if inode.generation == 0:
             return b""
         if handle.reader is None or handle.reader.generation != inode.generation:
-            handle.reader = Reader(
-                self.bucket,
+            handle.reader = BlockReader(
+                self.blocks,
                 self.names.file_object(inode.path),
                 inode.generation,
                 inode.size,
-                self.settings.sequential_read_bytes,
+                spawn=self.spawn,
+                max_ahead_bytes=self.settings.sequential_read_bytes,
+                fill=self.settings.file_cache,
+                fill_on_range_read=self.settings.cache_for_range_read,
+                crc32c=inode.crc32c,
             )
         try:
             return await handle.reader.read(offset, length)
@@ -473,6 +489,7 @@ class Filesystem:
         inode.metageneration = info.metageneration
         inode.size = info.size
         inode.metadata = dict(info.metadata)
+        inode.crc32c = info.crc32c
 
     async def _stage(self, inode: Inode, length: int) -> None:
         """Give a clean file inode a local copy of (the first ``length`` bytes of) its object."""
@@ -743,6 +760,16 @@ class Filesystem:
             await self.bucket.delete(info.name, if_generation_match=info.generation)
         except NotFound:
             pass
+
+    def statistics(self) -> dict[str, object]:
+        """Everything `tierfs stats` shows: GCS requests and bytes, tiers, metadata cache."""
+        return {
+            "gcs": self.bucket.statistics(),
+            "data": self.blocks.statistics(),
+            "metadata_cache": self.metadata.statistics(),
+            "inodes": len(self.inodes),
+            "open_files": len(self.files),
+        }
 
     # -- shutdown ---------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Open files and directories: the ``fh`` numbers handed to the kernel.
 
 A file handle holds its inode and, for reads of a clean object, its own
-`Reader` (with its own sequential window); staged data belongs to the inode,
+`BlockReader` (with its own sequential read-ahead); staged data belongs to the inode,
 shared by every handle of it. A directory handle holds a snapshot of the
 listing taken at the first readdir, so that offsets stay stable while the
 kernel pages through it (entries added meanwhile may or may not show, none
@@ -14,8 +14,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from tierfs.blocks import BlockReader
 from tierfs.inodes import Inode
-from tierfs.reader import Reader
 
 
 @dataclass(eq=False)
@@ -24,7 +24,7 @@ class FileHandle:
     inode: Inode
     writable: bool
     direct_io: bool = False
-    reader: Reader | None = None
+    reader: BlockReader | None = None
 
 
 @dataclass(eq=False)

@@ -60,6 +60,7 @@ class Inode:
     unlinked: bool = False
     staged: Staged | None = None
     placeholder: bool = False  # directories: a 'dir/' object exists
+    crc32c: str | None = None  # of the generation, as GCS reports it
     metadata: dict[str, str] = field(default_factory=dict)
     lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
 

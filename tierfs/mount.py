@@ -14,14 +14,23 @@ loop runs inside it.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 import pyfuse3
 import trio
 
 from mount_options import Config
+from mount_options.derive import file_cache_enabled
+from tierfs.blocks import Blocks, spawner
+from tierfs.cache import Tier
+from tierfs.cache.ram import RamTier
+from tierfs.cache.ssd import AUTO, SsdTier
+from tierfs.control import serve_statistics
 from tierfs.errors import TierfsError
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
@@ -87,12 +96,53 @@ async def serve(
             owned.close()
 
 
+async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
+    """RAM, then the SSD file cache (when ``cache-dir`` is set and its size is not 0)."""
+    block_bytes = config["ram-cache:block-size-mb"] << 20
+    chain: list[Tier] = []
+    if config["ram-cache:max-size-mb"] > 0:
+        chain.append(RamTier(config["ram-cache:max-size-mb"] << 20))
+    if file_cache_enabled(config.settings):
+        size_mb = config["file-cache:max-size-mb"]
+        include, exclude = config["file-cache:include-regex"], config["file-cache:exclude-regex"]
+        chain.append(
+            await SsdTier.create(
+                Path(config["cache-dir"]),
+                config.bucket,
+                AUTO if size_mb < 0 else size_mb << 20,
+                block_size=block_bytes,
+                include=re.compile(include) if include else None,
+                exclude=re.compile(exclude) if exclude else None,
+                limiter=limiter,
+            )
+        )
+    return chain
+
+
+def blocks_for(config: Config, bucket: Bucket, chain: list[Tier]) -> Blocks:
+    downloads = config["file-cache:max-parallel-downloads"]
+    parallel = config["file-cache:enable-parallel-downloads"]
+    return Blocks(
+        bucket,
+        chain,
+        block_size=config["ram-cache:block-size-mb"] << 20,
+        downloads=trio.CapacityLimiter(math.inf if downloads < 0 else max(1, downloads)),
+        per_file=config["file-cache:parallel-downloads-per-file"] if parallel else 1,
+        check_crc=config["file-cache:enable-crc"],
+    )
+
+
 async def _serve_mounted(
     config: Config, bucket: Bucket, ready: Callable[[str | None], None]
 ) -> None:
     mountpoint = config.mountpoint
     settings = Settings.from_config(config, uid=os.getuid(), gid=os.getgid())
-    fs = Filesystem(bucket, settings)
+    try:
+        chain = await tiers(config, trio.CapacityLimiter(8))
+    except OSError as err:
+        ready(f"cannot use cache-dir {config['cache-dir']}: {err.strerror or err}")
+        return
+    fs = Filesystem(bucket, settings, blocks=blocks_for(config, bucket, chain))
     operations = Operations(fs)
     try:
         pyfuse3.init(operations, mountpoint, fuse_options(config))
@@ -103,7 +153,9 @@ async def _serve_mounted(
     signalled = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
+            fs.spawn = spawner(nursery)
             nursery.start_soon(_on_signals, fs, signalled)
+            nursery.start_soon(serve_statistics, mountpoint, fs.statistics)
             nursery.start_soon(_announce, mountpoint, config["read-ahead-kb"], ready, signalled)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()

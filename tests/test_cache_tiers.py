@@ -1,0 +1,654 @@
+"""The data tiers: `RamTier` and `SsdTier` against the `Tier` contract, LRU accounting
+(hypothesis against a reference model), and the SSD tier's persistence, corruption
+detection, file modes, path containment, regex filters, capacity and disk errors."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierfs.cache import BlockKey
+from tierfs.cache.ram import RamTier
+from tierfs.cache.ssd import (
+    AUTO,
+    CACHE_DIR_NAME,
+    HEADER,
+    GiB,
+    MiB,
+    SsdTier,
+    _auto_capacity,
+    _header,
+    capacity_for,
+)
+
+BUCKET = "bkt"
+BLOCK = 64 * 1024
+STAT_KEYS = {
+    "hits",
+    "misses",
+    "bytes_read",
+    "bytes_written",
+    "evictions",
+    "used_bytes",
+    "capacity_bytes",
+    "entries",
+    "errors",
+}
+
+
+def payload(key: BlockKey, length: int) -> bytes:
+    """Deterministic bytes for one key (the same key always has the same bytes)."""
+    seed = f"{key.name}|{key.generation}|{key.index}|".encode("utf-8", "surrogatepass")
+    return (seed * (length // len(seed) + 1))[:length]
+
+
+def block_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / CACHE_DIR_NAME).rglob("*") if p.is_file())
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in block_files(root) if p.name.startswith(".tmp-")]
+
+
+async def open_ssd(root: Path, max_bytes: int = MiB, **kwargs: object) -> SsdTier:
+    kwargs.setdefault("block_size", BLOCK)
+    return await SsdTier.create(root, BUCKET, max_bytes, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["ram", "ssd"])
+async def tier(request: pytest.FixtureRequest, tmp_path: Path) -> RamTier | SsdTier:
+    if request.param == "ram":
+        return RamTier(MiB)
+    return await open_ssd(tmp_path / "cache")
+
+
+# --- both tiers ---------------------------------------------------------------------------
+
+
+async def test_miss_then_put_then_hit(tier: RamTier | SsdTier) -> None:
+    key = BlockKey("dir/object", 7, 3)
+    data = os.urandom(BLOCK - 5)
+    assert await tier.get(key) is None
+    await tier.put(key, data)
+    assert await tier.get(key) == data
+    stats = tier.statistics()
+    assert STAT_KEYS <= stats.keys()
+    assert (stats["hits"], stats["misses"], stats["entries"]) == (1, 1, 1)
+    assert stats["bytes_read"] == stats["bytes_written"] == len(data)
+    assert 0 < stats["used_bytes"] <= stats["capacity_bytes"] == MiB
+
+
+async def test_generation_and_index_are_part_of_the_key(tier: RamTier | SsdTier) -> None:
+    await tier.put(BlockKey("a", 1, 0), b"generation one")
+    assert await tier.get(BlockKey("a", 2, 0)) is None
+    assert await tier.get(BlockKey("a", 1, 1)) is None
+    assert await tier.get(BlockKey("b", 1, 0)) is None
+    await tier.put(BlockKey("a", 2, 0), b"generation two")
+    assert await tier.get(BlockKey("a", 1, 0)) == b"generation one"
+    assert await tier.get(BlockKey("a", 2, 0)) == b"generation two"
+
+
+async def test_discard_removes_only_that_object(tier: RamTier | SsdTier) -> None:
+    keys = [BlockKey(n, g, i) for n in ("a", "b", "a/b") for g in (1, 2) for i in (0, 1)]
+    for key in keys:
+        await tier.put(key, payload(key, 100))
+    await tier.discard("a", 1)
+    for key in keys:
+        gone = key.name == "a" and key.generation == 1
+        assert (await tier.get(key) is None) == gone, key
+    await tier.discard("a")
+    for key in keys:
+        assert (await tier.get(key) is None) == (key.name == "a"), key
+    await tier.discard("never-cached")
+    assert tier.statistics()["entries"] == 8
+    if isinstance(tier, SsdTier):
+        assert len(block_files(tier.root)) == 8
+
+
+async def test_block_larger_than_the_capacity_is_not_stored(tmp_path: Path) -> None:
+    ram = RamTier(1000)
+    await ram.put(BlockKey("small", 1, 0), b"x" * 600)
+    await ram.put(BlockKey("big", 1, 0), b"y" * 1001)
+    assert await ram.get(BlockKey("big", 1, 0)) is None
+    assert await ram.get(BlockKey("small", 1, 0)) == b"x" * 600
+    ssd = await open_ssd(tmp_path, max_bytes=8192, block_size=BLOCK)
+    await ssd.put(BlockKey("small", 1, 0), b"x" * 600)
+    await ssd.put(BlockKey("big", 1, 0), b"y" * 9000)
+    assert await ssd.get(BlockKey("big", 1, 0)) is None
+    assert await ssd.get(BlockKey("small", 1, 0)) == b"x" * 600
+    for tier in (ram, ssd):
+        assert tier.statistics()["evictions"] == 0
+        assert tier.statistics()["entries"] == 1
+
+
+async def test_ram_tier_disabled_at_zero() -> None:
+    ram = RamTier(0)
+    key = BlockKey("a", 1, 0)
+    await ram.put(key, b"data")
+    await ram.put(BlockKey("empty", 1, 0), b"")
+    assert await ram.get(key) is None
+    stats = ram.statistics()
+    assert (stats["used_bytes"], stats["entries"], stats["capacity_bytes"]) == (0, 0, 0)
+    assert stats["misses"] == 1
+
+
+async def test_ssd_tier_disabled_at_zero(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path / "cache", max_bytes=0)
+    await ssd.put(BlockKey("a", 1, 0), b"data")
+    assert await ssd.get(BlockKey("a", 1, 0)) is None
+    assert not (tmp_path / "cache").exists()
+    assert ssd.statistics()["capacity_bytes"] == 0
+
+
+@pytest.mark.parametrize("touch", ["get", "put"])
+async def test_use_makes_a_block_most_recent(tmp_path: Path, touch: str) -> None:
+    ssd = await open_ssd(tmp_path, max_bytes=2 * 8192)
+    for tier in (RamTier(2 * 5000), ssd):
+        a, b, c = (BlockKey(name, 1, 0) for name in "abc")
+        await tier.put(a, b"a" * 5000)
+        await tier.put(b, b"b" * 5000)
+        if touch == "get":
+            assert await tier.get(a) == b"a" * 5000
+        else:
+            await tier.put(a, b"a" * 5000)
+        await tier.put(c, b"c" * 5000)
+        assert await tier.get(b) is None, tier.name
+        assert await tier.get(a) == b"a" * 5000
+        assert await tier.get(c) == b"c" * 5000
+        assert tier.statistics()["evictions"] == 1
+        assert tier.statistics()["bytes_written"] == 3 * 5000
+        await tier.put(b, b"b" * 5000)  # an evicted block can come back
+        assert await tier.get(b) == b"b" * 5000
+
+
+# --- LRU accounting against a reference model --------------------------------------------
+
+KEYS = [
+    BlockKey(name, gen, index) for name in ("x", "y/z", "w") for gen in (1, 2) for index in (0, 1)
+]
+OPS = st.lists(
+    st.tuples(st.sampled_from(["put", "put", "get"]), st.integers(0, len(KEYS) - 1)),
+    max_size=40,
+)
+SIZES = st.lists(st.integers(1, 20_000), min_size=len(KEYS), max_size=len(KEYS))
+
+
+def check_lru(tier: RamTier | SsdTier, capacity: int, ops: list[tuple[str, int]], sizes: list[int]):
+    """Apply ``ops`` to ``tier`` and to a plain LRU of (key → cost); they must agree."""
+
+    def cost(key: BlockKey) -> int:
+        if isinstance(tier, SsdTier):
+            return tier.footprint(key, sizes[KEYS.index(key)])
+        return sizes[KEYS.index(key)]
+
+    async def run() -> None:
+        model: OrderedDict[BlockKey, int] = OrderedDict()
+        evictions = 0
+        for op, i in ops:
+            key = KEYS[i]
+            data = payload(key, sizes[i])
+            if op == "put":
+                await tier.put(key, data)
+                if key in model:
+                    model.move_to_end(key)
+                elif cost(key) <= capacity:
+                    while sum(model.values()) + cost(key) > capacity:
+                        model.popitem(last=False)
+                        evictions += 1
+                    model[key] = cost(key)
+            else:
+                got = await tier.get(key)
+                assert got == (data if key in model else None), (op, key)
+                if key in model:
+                    model.move_to_end(key)
+            stats = tier.statistics()
+            assert stats["used_bytes"] == sum(model.values()) <= capacity
+            assert stats["entries"] == len(model)
+            assert stats["evictions"] == evictions
+        if isinstance(tier, SsdTier):
+            files = block_files(tier.root)
+            assert len(files) == len(model)
+            assert sum(-(-f.stat().st_size // 4096) * 4096 for f in files) == sum(model.values())
+            again = await open_ssd(tier.root, capacity, block_size=20_000)
+            assert again.statistics()["used_bytes"] == sum(model.values())
+            for key in model:
+                assert await again.get(key) == payload(key, sizes[KEYS.index(key)])
+            assert again.statistics()["bytes_written"] == 0
+
+    trio.run(run)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS, sizes=SIZES, capacity=st.integers(1, 60_000))
+def test_ram_lru_matches_model(ops: list[tuple[str, int]], sizes: list[int], capacity: int) -> None:
+    check_lru(RamTier(capacity), capacity, ops, sizes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=OPS, sizes=SIZES, capacity=st.integers(1, 80_000))
+def test_ssd_lru_matches_model(ops: list[tuple[str, int]], sizes: list[int], capacity: int) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        tier = trio.run(lambda: open_ssd(Path(root), capacity, block_size=20_000))
+        check_lru(tier, capacity, ops, sizes)
+
+
+@pytest.mark.parametrize("blocks", [2, 10])
+async def test_ssd_concurrent_puts_and_gets_keep_the_invariants(
+    tmp_path: Path, blocks: int
+) -> None:
+    capacity = blocks * 8192
+    ssd = await open_ssd(tmp_path, capacity, limiter=trio.CapacityLimiter(8))
+    keys = [BlockKey(f"obj{n}", 1, i) for n in range(8) for i in range(4)]
+    worst = 0
+
+    async def worker(offset: int) -> None:
+        for j in range(40):
+            key = keys[(offset * 7 + j * 3) % len(keys)]
+            await ssd.put(key, payload(key, 5000))
+            got = await ssd.get(keys[(offset + j) % len(keys)])
+            assert got is None or got == payload(keys[(offset + j) % len(keys)], 5000)
+
+    async def monitor() -> None:
+        nonlocal worst
+        while True:
+            stats = ssd.statistics()
+            worst = max(worst, stats["used_bytes"] + stats["pending_bytes"])
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(monitor)
+        async with trio.open_nursery() as workers:
+            for offset in range(6):
+                workers.start_soon(worker, offset)
+        outer.cancel_scope.cancel()
+    stats = ssd.statistics()
+    assert 0 < worst <= capacity
+    assert stats["pending_bytes"] == 0
+    assert stats["evictions"] > 0
+    assert len(block_files(tmp_path)) == stats["entries"]
+    assert stats["used_bytes"] == stats["entries"] * 8192
+    assert stats["errors"] == stats["corrupt"] == 0
+
+
+# --- SSD: persistence and corruption -----------------------------------------------------
+
+
+async def test_ssd_blocks_survive_a_remount(tmp_path: Path) -> None:
+    first = await open_ssd(tmp_path)
+    keys = [BlockKey("model/weights.bin", 1712, i) for i in range(3)]
+    for key in keys:
+        await first.put(key, payload(key, BLOCK if key.index < 2 else 123))
+    second = await open_ssd(tmp_path)
+    assert second.statistics()["entries"] == 3
+    assert second.statistics()["used_bytes"] == first.statistics()["used_bytes"]
+    for key in keys:
+        assert await second.get(key) == payload(key, BLOCK if key.index < 2 else 123)
+    stats = second.statistics()
+    assert (stats["hits"], stats["misses"], stats["bytes_written"]) == (3, 0, 0)
+    assert await second.get(BlockKey("model/weights.bin", 1713, 0)) is None
+
+
+async def test_ssd_remount_orders_lru_by_last_use_and_enforces_a_smaller_limit(
+    tmp_path: Path,
+) -> None:
+    first = await open_ssd(tmp_path)
+    keys = [BlockKey(name, 1, 0) for name in "abcd"]
+    for key in keys:
+        await first.put(key, payload(key, 5000))
+    for age, key in zip((40, 10, 30, 20), keys, strict=True):
+        os.utime(first.path_of(key), (1_000_000 - age, 1_000_000 - age))
+    before = first.path_of(keys[0]).stat().st_mtime
+    assert await first.get(keys[0]) is not None
+    assert first.path_of(keys[0]).stat().st_mtime > before  # a hit records its use on disk
+
+    second = await open_ssd(tmp_path, max_bytes=2 * 8192)
+    assert second.statistics()["evictions"] == 2
+    present = [k.name for k in keys if await second.get(k) is not None]
+    assert present == ["a", "b"]  # c (age 30) and d (age 20) were the least recently used
+    assert len(block_files(tmp_path)) == 2
+
+
+def damage_flip_payload(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-10] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def damage_flip_generation(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[12] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def damage_truncate(path: Path) -> None:
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def damage_short_header(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: HEADER.size - 3])
+
+
+def damage_empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def damage_garbage_header(path: Path) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(b"\xa5" * HEADER.size + raw[HEADER.size :])
+
+
+def damage_append(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(b"trailing")
+
+
+def damage_other_block(path: Path) -> None:
+    sibling = path.with_name(path.name[:-1] + "1")  # block 1 of the same object
+    path.write_bytes(sibling.read_bytes())
+
+
+def damage_other_object(path: Path) -> None:
+    # A valid block of another object, as a name-hash collision would leave.
+    data = payload(BlockKey("data/shard-9", 99, 0), 3000)
+    path.write_bytes(_header(b"data/shard-9", 99, 0, BLOCK, data) + data)
+
+
+def damage_symlink(path: Path) -> None:
+    outside = path.parents[4] / "outside"
+    outside.write_bytes(path.read_bytes())  # a perfect copy, but not our file
+    path.unlink()
+    path.symlink_to(outside)
+
+
+DAMAGE = [
+    damage_flip_payload,
+    damage_flip_generation,
+    damage_truncate,
+    damage_short_header,
+    damage_empty,
+    damage_garbage_header,
+    damage_append,
+    damage_other_block,
+    damage_other_object,
+    damage_symlink,
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__.removeprefix("damage_"))
+@pytest.mark.parametrize("remount", [False, True], ids=["mounted", "remounted"])
+async def test_ssd_damaged_block_is_detected_deleted_and_refetched(
+    tmp_path: Path, damage: object, remount: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "cache"
+    ssd = await open_ssd(root)
+    key, other = BlockKey("data/shard-0", 99, 0), BlockKey("data/shard-0", 99, 1)
+    await ssd.put(key, payload(key, 3000))
+    await ssd.put(other, payload(other, 2000))
+    path = ssd.path_of(key)
+    damage(path)  # type: ignore[operator]
+    if remount:
+        ssd = await open_ssd(root)
+    with caplog.at_level(logging.WARNING, logger="tierfs.cache"):
+        assert await ssd.get(key) is None
+    assert "damaged" in caplog.text
+    stats = ssd.statistics()
+    assert (stats["corrupt"], stats["misses"], stats["entries"]) == (1, 1, 1)
+    assert not path.exists() and not path.is_symlink()
+    assert stats["used_bytes"] == ssd.footprint(other, 2000)
+    if damage is damage_symlink:
+        assert (tmp_path / "outside").exists()  # the link was removed, never its target
+    await ssd.put(key, payload(key, 3000))
+    assert await ssd.get(key) == payload(key, 3000)
+    assert await ssd.get(other) == payload(other, 2000)
+    assert ssd.statistics()["corrupt"] == 1
+
+
+async def test_ssd_block_deleted_behind_its_back_is_a_plain_miss(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path)
+    key = BlockKey("a", 1, 0)
+    await ssd.put(key, b"data")
+    ssd.path_of(key).unlink()
+    assert await ssd.get(key) is None
+    stats = ssd.statistics()
+    assert stats["corrupt"] == stats["errors"] == stats["entries"] == stats["used_bytes"] == 0
+
+
+async def test_ssd_open_removes_temporaries_left_by_a_crash(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path)
+    key = BlockKey("a", 1, 0)
+    await ssd.put(key, b"data")
+    torn = ssd.path_of(key).with_name(".tmp-" + ssd.path_of(key).name + "-deadbeef")
+    torn.write_bytes(b"half a blo")
+    again = await open_ssd(tmp_path)
+    assert temp_files(tmp_path) == []
+    assert again.statistics()["entries"] == 1
+    assert await again.get(key) == b"data"
+
+
+async def test_ssd_block_size_change_never_serves_old_blocks(tmp_path: Path) -> None:
+    old = await open_ssd(tmp_path, max_bytes=4 * 8192, block_size=BLOCK)
+    key = BlockKey("a", 1, 1)
+    await old.put(key, payload(key, 5000))
+    new = await open_ssd(tmp_path, max_bytes=4 * 8192, block_size=BLOCK // 2)
+    assert await new.get(key) is None  # block 1 is another byte range now
+    assert new.statistics()["used_bytes"] == 8192  # but its file is accounted ...
+    for i in range(4):
+        await new.put(BlockKey("b", 1, i), b"z" * 5000)
+    assert not old.path_of(key).exists()  # ... and ages out
+    assert new.statistics()["used_bytes"] == 4 * 8192
+
+
+# --- SSD: files, names, filters ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o777])
+async def test_ssd_files_0600_and_directories_0700_whatever_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    old = os.umask(umask)
+    try:
+        ssd = await open_ssd(tmp_path / "cache")
+        for n in range(20):
+            await ssd.put(BlockKey(f"f{n}", 1, 0), b"data")
+    finally:
+        os.umask(old)
+    assert await ssd.get(BlockKey("f3", 1, 0)) == b"data"
+    dirs = [tmp_path / "cache", *(p for p in (tmp_path / "cache").rglob("*") if p.is_dir())]
+    files = block_files(tmp_path / "cache")
+    assert len(files) == 20 and len(dirs) >= 4
+    assert {stat.S_IMODE(d.stat().st_mode) for d in dirs} == {0o700}
+    assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+
+
+HOSTILE_NAMES = [
+    "../../etc/passwd",
+    "/abs/path",
+    "a/../../b",
+    "..",
+    ".",
+    "",
+    "x" * 1024,
+    "é" * 512,
+    "line\nbreak\r\n",
+    "nul\x00byte",
+    "surrogate\udcff",
+    "dir/",
+    "~/.ssh/authorized_keys",
+]
+
+
+async def test_ssd_no_object_name_escapes_the_cache_dir(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    ssd = await open_ssd(root)
+    for n, name in enumerate(HOSTILE_NAMES):
+        await ssd.put(BlockKey(name, n + 1, n), payload(BlockKey(name, n + 1, n), 500))
+    for n, name in enumerate(HOSTILE_NAMES):
+        assert await ssd.get(BlockKey(name, n + 1, n)) == payload(BlockKey(name, n + 1, n), 500)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+    real_root = os.path.realpath(root)
+    everything = list(root.rglob("*"))
+    assert len([p for p in everything if p.is_file()]) == len(HOSTILE_NAMES)
+    for path in everything:
+        assert os.path.realpath(path).startswith(real_root + os.sep)
+        assert not path.is_symlink()
+    again = await open_ssd(root)
+    assert again.statistics()["entries"] == len(HOSTILE_NAMES)
+    await again.discard("../../etc/passwd")
+    assert again.statistics()["entries"] == len(HOSTILE_NAMES) - 1
+
+
+async def test_ssd_header_names_the_object_for_diagnostics(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path)
+    key = BlockKey("datasets/imagenet/train-00001.tar", 1_712_345_678_901_234, 5)
+    await ssd.put(key, b"payload")
+    raw = ssd.path_of(key).read_bytes()
+    assert raw.startswith(b"TFSB")
+    assert key.name.encode() in raw[: HEADER.size + len(key.name)]
+    assert raw.endswith(b"payload")
+    assert key.name not in str(ssd.path_of(key))
+
+
+async def test_ssd_include_and_exclude_regex_match_bucket_slash_name(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path, include=re.compile(r"^bkt/data/"), exclude=re.compile(r"\.tmp$"))
+    wanted, excluded, outside = (
+        BlockKey("data/a", 1, 0),
+        BlockKey("data/a.tmp", 1, 0),
+        BlockKey("other/b", 1, 0),
+    )
+    for key in (wanted, excluded, outside):
+        await ssd.put(key, b"bytes")
+    assert await ssd.get(wanted) == b"bytes"
+    assert await ssd.get(excluded) is None
+    assert await ssd.get(outside) is None
+    assert len(block_files(tmp_path)) == 1
+    only_names = await open_ssd(tmp_path / "2", include=re.compile(r"^data/"))
+    await only_names.put(wanted, b"bytes")  # the bucket comes first: ^data/ never matches
+    assert only_names.statistics()["entries"] == 0
+
+
+async def test_ssd_max_entries_bounds_the_index(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path, max_entries=3)
+    for n in range(5):
+        await ssd.put(BlockKey(f"tiny{n}", 1, 0), b"t")
+    assert ssd.statistics()["entries"] == 3
+    assert len(block_files(tmp_path)) == 3
+    assert await ssd.get(BlockKey("tiny0", 1, 0)) is None
+    assert await ssd.get(BlockKey("tiny4", 1, 0)) == b"t"
+
+
+async def test_ssd_misuse_is_loud(tmp_path: Path) -> None:
+    ssd = SsdTier(tmp_path, BUCKET, MiB, block_size=BLOCK)
+    with pytest.raises(RuntimeError, match="before open"):
+        await ssd.get(BlockKey("a", 1, 0))
+    await ssd.open()
+    with pytest.raises(ValueError, match="block size"):
+        await ssd.put(BlockKey("a", 1, 0), b"x" * (BLOCK + 1))
+    with pytest.raises(ValueError, match="unsigned"):
+        await ssd.get(BlockKey("a", -1, 0))
+
+
+# --- SSD: capacity and disk errors -------------------------------------------------------
+
+
+def test_capacity_for() -> None:
+    st_ = os.statvfs("/tmp")
+    free = st_.f_bavail * st_.f_frsize
+    auto = capacity_for(Path("/tmp/does/not/exist/yet"), -1)
+    assert 0 < auto < free
+    assert capacity_for(Path("/tmp"), 0) == 0
+    assert capacity_for(Path("/tmp"), 5) == 5 * MiB
+    with pytest.raises(ValueError):
+        capacity_for(Path("/tmp"), -2)
+    assert _auto_capacity(100 * GiB, 10 * GiB, 5 * GiB) == 14 * GiB  # margin: 1 GiB
+    assert _auto_capacity(10 * GiB, 2 * GiB, 0) == 2 * GiB - GiB // 2  # margin: 5% of 10 GiB
+    assert _auto_capacity(10 * GiB, 100 * MiB, 0) == 0
+
+
+async def test_ssd_auto_capacity_counts_its_own_files(tmp_path: Path) -> None:
+    ssd = await open_ssd(tmp_path, max_bytes=AUTO)
+    st_ = os.statvfs(tmp_path)
+    assert 0 < ssd.statistics()["capacity_bytes"] < st_.f_bavail * st_.f_frsize
+    await ssd.put(BlockKey("a", 1, 0), b"data")
+    assert await ssd.get(BlockKey("a", 1, 0)) == b"data"
+
+
+class FakeVolume:
+    """What os.statvfs answers for a 320 MiB volume (margin: 16 MiB) with ``free_bytes``."""
+
+    def __init__(self, free_bytes: int) -> None:
+        self.f_frsize = 4096
+        self.f_blocks = 20 * 4096
+        self.f_bavail = free_bytes // 4096
+
+
+async def test_ssd_auto_capacity_keeps_what_the_cache_already_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ssd = await open_ssd(tmp_path)
+    for n in range(4):
+        await ssd.put(BlockKey(f"b{n}", 1, 0), b"x" * 5000)
+    margin = 16 * MiB
+    monkeypatch.setattr(os, "statvfs", lambda path: FakeVolume(margin + 8192))
+    again = await open_ssd(tmp_path, max_bytes=AUTO)  # a full volume: all free space is ours
+    assert again.statistics()["capacity_bytes"] == 5 * 8192
+    assert again.statistics()["entries"] == 4
+    assert again.statistics()["evictions"] == 0
+    assert capacity_for(tmp_path, -1) == 8192
+
+
+@pytest.mark.parametrize("failing", ["write", "fdatasync", "replace"])
+async def test_ssd_disk_full_is_logged_counted_and_leaves_nothing(
+    tmp_path: Path, failing: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ssd = await open_ssd(tmp_path)
+    kept = BlockKey("kept", 1, 0)
+    await ssd.put(kept, b"kept")
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    key = BlockKey("big", 1, 0)
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, "tierfs.cache"):
+        patch.setattr(os, failing, disk_full)
+        await ssd.put(key, b"x" * 5000)
+    assert "No space left on device" in caplog.text
+    stats = ssd.statistics()
+    assert (stats["errors"], stats["entries"], stats["pending_bytes"]) == (1, 1, 0)
+    assert stats["used_bytes"] == ssd.footprint(kept, 4)
+    assert temp_files(tmp_path) == []
+    assert not ssd.path_of(key).exists()
+    assert await ssd.get(key) is None
+    await ssd.put(key, b"x" * 5000)
+    assert await ssd.get(key) == b"x" * 5000
+    assert await ssd.get(kept) == b"kept"
+
+
+async def test_ssd_unreadable_block_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ssd = await open_ssd(tmp_path)
+    key = BlockKey("a", 1, 0)
+    await ssd.put(key, b"data")
+
+    def io_error(*args: object, **kwargs: object) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, "tierfs.cache"):
+        patch.setattr(os, "pread", io_error)
+        assert await ssd.get(key) is None
+    assert "Input/output error" in caplog.text
+    stats = ssd.statistics()
+    assert (stats["errors"], stats["corrupt"], stats["entries"]) == (1, 0, 0)
+    assert not ssd.path_of(key).exists()

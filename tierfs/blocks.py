@@ -1,0 +1,277 @@
+"""Object data in blocks, through the tiers, with shared and parallel downloads.
+
+`Blocks` answers "block i of generation g of object n": from the fastest tier
+holding it (copying a hit up to the faster tiers), else from GCS with one
+ranged read, stored into every tier. Concurrent requests for one block share
+one download (an in-flight table), so two readers of a file, or a reader and
+the prefetcher, never fetch the same bytes twice. Downloads across the whole
+mount are bounded by one limiter (``file-cache:max-parallel-downloads``).
+
+`BlockReader` serves one open file's reads. It keeps the last block it used
+(kernel reads are 128 KiB to 1 MiB, blocks are larger), detects sequential
+reading and then prefetches the next blocks in the background, doubling how
+far ahead it goes up to ``sequential-read-size-mb``. With the SSD file cache
+on, the first read at offset 0 (or any first read, with
+``cache-file-for-range-read``) starts a background job that brings the whole
+object into the cache with ``parallel-downloads-per-file`` workers; readers
+wait only for the blocks they need. ``enable-crc`` checks the CRC32C of a
+whole object so fetched against the one GCS keeps, and drops the cached
+blocks on a mismatch.
+
+Tiers never call GCS; a tier that fails is logged and counted as a miss.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import google_crc32c
+import trio
+
+from tierfs.cache import BlockKey, Tier
+from tierfs.errors import NotFound
+from tierfs.storage import Bucket
+
+log = logging.getLogger("tierfs.blocks")
+
+Spawn = Callable[..., None]  # start a background task: spawn(async_fn, *args)
+
+
+@dataclass
+class _Flight:
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes | None = None
+
+
+class Blocks:
+    """Blocks of objects from the tiers or GCS; one download per block at a time."""
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        tiers: Sequence[Tier],
+        *,
+        block_size: int,
+        downloads: trio.CapacityLimiter,
+        per_file: int = 16,
+        check_crc: bool = False,
+    ) -> None:
+        self.bucket = bucket
+        self.tiers = list(tiers)
+        self.block_size = block_size
+        self.downloads = downloads
+        self.per_file = max(1, per_file)
+        self.check_crc = check_crc
+        self._inflight: dict[BlockKey, _Flight] = {}
+        self._filling: set[tuple[str, int]] = set()
+        self.gcs_blocks = 0
+        self.gcs_bytes = 0
+        self.shared_waits = 0
+        self.fills = 0
+        self.crc_mismatches = 0
+        self.tier_errors = 0
+
+    def blocks_of(self, size: int) -> int:
+        return (size + self.block_size - 1) // self.block_size
+
+    async def get(self, key: BlockKey, object_size: int) -> bytes:
+        """The block's bytes (short for the last block of an object)."""
+        while True:
+            data = await self._from_tiers(key)
+            if data is not None:
+                return data
+            flight = self._inflight.get(key)
+            if flight is None:
+                return await self._download(key, object_size)
+            self.shared_waits += 1
+            await flight.done.wait()
+            if flight.data is not None:
+                return flight.data
+            # That download failed or was cancelled: try again ourselves.
+
+    async def _from_tiers(self, key: BlockKey) -> bytes | None:
+        for level, tier in enumerate(self.tiers):
+            try:
+                data = await tier.get(key)
+            except Exception as err:  # a failing tier is a miss, never the user's error
+                self.tier_errors += 1
+                log.warning("%s tier failed to read %s: %s", tier.name, key, err)
+                continue
+            if data is not None:
+                for faster in self.tiers[:level]:
+                    await self._put(faster, key, data)
+                return data
+        return None
+
+    async def _download(self, key: BlockKey, object_size: int) -> bytes:
+        flight = self._inflight[key] = _Flight()
+        try:
+            offset = key.index * self.block_size
+            length = max(0, min(self.block_size, object_size - offset))
+            async with self.downloads:
+                data = await self.bucket.read(
+                    key.name, generation=key.generation, offset=offset, length=length
+                )
+            self.gcs_blocks += 1
+            self.gcs_bytes += len(data)
+            for tier in self.tiers:
+                await self._put(tier, key, data)
+            flight.data = data
+            return data
+        finally:
+            del self._inflight[key]
+            flight.done.set()
+
+    async def _put(self, tier: Tier, key: BlockKey, data: bytes) -> None:
+        try:
+            await tier.put(key, data)
+        except Exception as err:
+            self.tier_errors += 1
+            log.warning("%s tier failed to store %s: %s", tier.name, key, err)
+
+    async def fill(self, name: str, generation: int, size: int, crc32c: str | None) -> None:
+        """Bring a whole object into the tiers with up to ``per_file`` parallel downloads."""
+        job = (name, generation)
+        if job in self._filling:
+            return
+        self._filling.add(job)
+        self.fills += 1
+        try:
+            indices = iter(range(self.blocks_of(size)))
+
+            async def worker() -> None:
+                for index in indices:
+                    await self.get(BlockKey(name, generation, index), size)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(min(self.per_file, self.blocks_of(size))):
+                    nursery.start_soon(worker)
+            if self.check_crc and crc32c:
+                await self._verify(name, generation, size, crc32c)
+        except NotFound:
+            log.debug("gs://%s#%d changed while being cached", name, generation)
+        finally:
+            self._filling.discard(job)
+
+    async def _verify(self, name: str, generation: int, size: int, crc32c: str) -> None:
+        checksum = google_crc32c.Checksum()
+        for index in range(self.blocks_of(size)):
+            checksum.update(await self.get(BlockKey(name, generation, index), size))
+        if base64.b64encode(checksum.digest()).decode() != crc32c:
+            self.crc_mismatches += 1
+            log.error("CRC32C mismatch for gs://%s#%d: cached copy dropped", name, generation)
+            for tier in self.tiers:
+                await tier.discard(name, generation)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "gcs_blocks": self.gcs_blocks,
+            "gcs_bytes": self.gcs_bytes,
+            "shared_waits": self.shared_waits,
+            "whole_object_fills": self.fills,
+            "crc_mismatches": self.crc_mismatches,
+            "tier_errors": self.tier_errors,
+            "tiers": {tier.name: tier.statistics() for tier in self.tiers},
+        }
+
+
+class BlockReader:
+    """One open file's reads of one object generation."""
+
+    def __init__(
+        self,
+        blocks: Blocks,
+        name: str,
+        generation: int,
+        size: int,
+        *,
+        spawn: Spawn | None,
+        max_ahead_bytes: int,
+        fill: bool = False,
+        fill_on_range_read: bool = False,
+        crc32c: str | None = None,
+    ) -> None:
+        self.blocks = blocks
+        self.name = name
+        self.generation = generation
+        self.size = size
+        self.spawn = spawn
+        self.max_ahead = max(1, max_ahead_bytes // blocks.block_size)
+        self.fill = fill
+        self.fill_on_range_read = fill_on_range_read
+        self.crc32c = crc32c
+        self._ahead = 0
+        self._next = -1
+        self._prefetched_to = -1
+        self._last: tuple[int, bytes] | None = None
+        self._first = True
+
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        if offset >= self.size or length <= 0:
+            return b""
+        end = min(offset + length, self.size)
+        size = self.blocks.block_size
+        first, last = offset // size, (end - 1) // size
+        self._plan(offset, last)
+        self._next = end
+        if first == last:
+            data = await self._block(first)
+            start = offset - first * size
+            return memoryview(data)[start : start + end - offset]
+        parts: list[bytes] = [b""] * (last - first + 1)
+
+        async def one(i: int) -> None:
+            parts[i - first] = await self._block(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(first, last + 1):
+                nursery.start_soon(one, i)
+        joined = b"".join(parts)
+        start = offset - first * size
+        return memoryview(joined)[start : start + end - offset]
+
+    async def _block(self, index: int) -> bytes:
+        if self._last is not None and self._last[0] == index:
+            return self._last[1]
+        data = await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
+        self._last = (index, data)
+        return data
+
+    def _plan(self, offset: int, last: int) -> None:
+        """Start background work: a whole-object fill, or sequential read-ahead."""
+        sequential = offset == self._next
+        first_read, self._first = self._first, False
+        if self.spawn is None or not self.blocks.tiers:
+            return  # nowhere to keep prefetched blocks
+        if first_read and self.fill and (offset == 0 or self.fill_on_range_read):
+            self.spawn(self.blocks.fill, self.name, self.generation, self.size, self.crc32c)
+            return
+        if not sequential:
+            self._ahead = 0
+            return
+        self._ahead = min(max(1, self._ahead * 2), self.max_ahead)
+        start = max(last + 1, self._prefetched_to + 1)
+        stop = min(last + self._ahead, self.blocks.blocks_of(self.size) - 1)
+        for index in range(start, stop + 1):
+            self.spawn(self._prefetch, index)
+        self._prefetched_to = max(self._prefetched_to, stop)
+
+    async def _prefetch(self, index: int) -> None:
+        try:
+            await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
+        except Exception as err:  # a failed prefetch only means the reader fetches later
+            log.debug("prefetch of gs://%s block %d failed: %s", self.name, index, err)
+
+    def close(self) -> None:
+        self._last = None
+
+
+def spawner(nursery: trio.Nursery) -> Spawn:
+    def spawn(fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        nursery.start_soon(fn, *args)
+
+    return spawn

@@ -1,0 +1,124 @@
+"""The daemon's control socket: how `tierfs stats` asks a running mount for its counters.
+
+Each mount listens on a Unix socket named after a hash of its mountpoint, in
+``/run/tierfs`` (0700; ``$XDG_RUNTIME_DIR/tierfs`` or ``/tmp/tierfs-UID`` when
+``/run`` is not writable). A client sends one line (``stats``) and reads one
+JSON document back. Only the mount's owner (and root) can reach it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+MAX_REQUEST_BYTES = 1024
+
+
+def socket_dir() -> Path:
+    for base in (Path("/run"), Path(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"))):
+        if base.is_dir() and os.access(base, os.W_OK):
+            return base / "tierfs"
+    return Path(f"/tmp/tierfs-{os.getuid()}")
+
+
+def socket_path(mountpoint: str) -> Path:
+    digest = hashlib.sha256(os.path.abspath(mountpoint).encode()).hexdigest()[:20]
+    return socket_dir() / f"{digest}.sock"
+
+
+async def serve_statistics(mountpoint: str, statistics: Callable[[], dict[str, Any]]) -> None:
+    """Answer ``stats`` requests until cancelled; the socket file is removed on the way out."""
+    path = socket_path(mountpoint)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.listen(8)
+        listener = trio.SocketListener(sock)
+
+        async def answer(stream: trio.SocketStream) -> None:
+            async with stream:
+                request = await stream.receive_some(MAX_REQUEST_BYTES)
+                if request.strip() == b"stats":
+                    body = {"mountpoint": mountpoint, **statistics()}
+                else:
+                    body = {"error": "unknown request"}
+                await stream.send_all(json.dumps(body).encode() + b"\n")
+
+        await trio.serve_listeners(answer, [listener])
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def request_statistics(mountpoint: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Ask the daemon of ``mountpoint`` for its counters (blocking; for the CLI)."""
+    path = socket_path(mountpoint)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(timeout_s)
+        client.connect(str(path))
+        client.sendall(b"stats\n")
+        chunks = []
+        while chunk := client.recv(1 << 16):
+            chunks.append(chunk)
+    return json.loads(b"".join(chunks))
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def render_statistics(data: dict[str, Any]) -> str:
+    """The human table of `tierfs stats`."""
+    gcs, blocks, meta = data["gcs"], data["data"], data["metadata_cache"]
+    lines = [
+        f"tierfs mount {data['mountpoint']}",
+        "",
+        "GCS         requests {:>10}   media reads {:>8}   read {:>10}   written {:>10}".format(
+            gcs.get("requests", 0),
+            gcs.get("media_reads", 0),
+            _size(gcs.get("bytes_read", 0)),
+            _size(gcs.get("bytes_written", 0)),
+        ),
+        "            errors {:>12}   retries {:>12}   blocks fetched {:>6}   shared {:>6}".format(
+            gcs.get("errors", 0),
+            gcs.get("retries", 0),
+            blocks["gcs_blocks"],
+            blocks["shared_waits"],
+        ),
+        "",
+        f"{'tier':<10}{'hits':>10}{'misses':>10}{'served':>12}{'stored':>12}{'used':>12}"
+        f"{'capacity':>12}{'evicted':>9}{'corrupt':>9}",
+    ]
+    for name, tier in blocks["tiers"].items():
+        lines.append(
+            f"{name:<10}{tier.get('hits', 0):>10}{tier.get('misses', 0):>10}"
+            f"{_size(tier.get('bytes_read', 0)):>12}{_size(tier.get('bytes_written', 0)):>12}"
+            f"{_size(tier.get('used_bytes', 0)):>12}{_size(tier.get('capacity_bytes', 0)):>12}"
+            f"{tier.get('evictions', 0):>9}{tier.get('corrupt', 0):>9}"
+        )
+    if not blocks["tiers"]:
+        lines.append("(no data tiers: ram-cache:max-size-mb is 0 and the file cache is off)")
+    lines += [
+        "",
+        f"metadata    hits {meta['hits']}   negative hits {meta['negative_hits']}   "
+        f"misses {meta['misses']}   entries {meta['entries']}   {_size(meta['used_bytes'])}",
+        f"inodes {data['inodes']}   open files {data['open_files']}",
+    ]
+    return "\n".join(lines)
