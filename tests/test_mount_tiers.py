@@ -1,0 +1,123 @@
+"""The tiers through a real mount, proven by counting GCS media reads (`tierfs stats`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from google.cloud import storage
+
+from tests.conftest import MountFactory
+from tests.mounting import TIERFS, Mount
+
+MiB = 1 << 20
+
+
+def stats(mount: Mount) -> dict:
+    result = subprocess.run(
+        [TIERFS, "stats", "--json", str(mount.path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def media_reads(mount: Mount) -> int:
+    return stats(mount)["gcs"]["media_reads"]
+
+
+def drop_page_cache() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def upload(client: storage.Client, bucket: str, name: str, data: bytes) -> None:
+    client.bucket(bucket).blob(name).upload_from_string(data)
+
+
+def test_second_read_makes_no_media_request(mount: Mount, gcs_client: storage.Client) -> None:
+    data = os.urandom(24 * MiB + 123)
+    upload(gcs_client, mount.bucket, "f", data)
+    assert (mount.path / "f").read_bytes() == data
+    first = media_reads(mount)
+    assert first > 0
+    drop_page_cache()  # the RAM tier, not the kernel, must serve it now
+    assert (mount.path / "f").read_bytes() == data
+    assert media_reads(mount) == first
+
+
+def test_remount_serves_from_the_ssd_tier(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    data = os.urandom(20 * MiB + 5)
+    upload(gcs_client, bucket_name, "ckpt/shard-0", data)
+    mount = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="first")
+    assert (mount.path / "ckpt" / "shard-0").read_bytes() == data
+    assert mount.unmount().returncode == 0
+    drop_page_cache()
+    again = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="second")
+    assert (again.path / "ckpt" / "shard-0").read_bytes() == data
+    numbers = stats(again)
+    assert numbers["gcs"]["media_reads"] == 0
+    assert numbers["data"]["tiers"]["ssd"]["hits"] > 0
+    modes = {oct(p.stat().st_mode & 0o777) for p in cache.rglob("*")}
+    assert modes <= {"0o600", "0o700"}, modes
+
+
+def test_corrupted_cache_file_is_fetched_again(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    data = os.urandom(17 * MiB)
+    upload(gcs_client, bucket_name, "model.bin", data)
+    mount = mount_factory(f"--cache-dir={cache}", name="first")
+    assert (mount.path / "model.bin").read_bytes() == data
+    assert mount.unmount().returncode == 0
+    blocks = sorted(p for p in cache.rglob("*") if p.is_file())
+    assert blocks
+    for block in blocks:  # flip bytes in the middle of every cached block
+        raw = bytearray(block.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        block.write_bytes(bytes(raw))
+    drop_page_cache()
+    again = mount_factory(f"--cache-dir={cache}", name="second")
+    assert (again.path / "model.bin").read_bytes() == data
+    numbers = stats(again)
+    assert numbers["data"]["tiers"]["ssd"]["corrupt"] >= len(blocks)  # concurrent readers may both see one
+    assert numbers["gcs"]["media_reads"] >= len(blocks)
+
+
+def test_ssd_tier_stays_within_its_limit(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    files = {f"f{i}": os.urandom(9 * MiB) for i in range(4)}
+    big = os.urandom(40 * MiB)  # larger than the whole cache
+    for name, data in files.items():
+        upload(gcs_client, bucket_name, name, data)
+    upload(gcs_client, bucket_name, "big", big)
+    mount = mount_factory(
+        f"--cache-dir={cache}", "--file-cache-max-size-mb=24", "--ram-cache-max-size-mb=0"
+    )
+    for name, data in files.items():
+        assert (mount.path / name).read_bytes() == data
+        ssd = stats(mount)["data"]["tiers"]["ssd"]
+        assert ssd["used_bytes"] <= 24 * MiB
+    assert (mount.path / "big").read_bytes() == big
+    ssd = stats(mount)["data"]["tiers"]["ssd"]
+    assert ssd["used_bytes"] <= 24 * MiB
+    assert ssd["evictions"] > 0
+    on_disk = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    assert on_disk <= 24 * MiB + 64 * 1024
+
+
+def test_new_generation_is_read_once_metadata_expires(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    mount = mount_factory(f"--cache-dir={tmp_path / 'cache'}", "--metadata-cache-ttl-secs=0")
+    upload(gcs_client, bucket_name, "f", b"version one" * 1000)
+    assert (mount.path / "f").read_bytes() == b"version one" * 1000
+    upload(gcs_client, bucket_name, "f", b"version two!" * 1000)
+    assert (mount.path / "f").read_bytes() == b"version two!" * 1000
