@@ -85,7 +85,8 @@ def test_corrupted_cache_file_is_fetched_again(
     again = mount_factory(f"--cache-dir={cache}", name="second")
     assert (again.path / "model.bin").read_bytes() == data
     numbers = stats(again)
-    assert numbers["data"]["tiers"]["ssd"]["corrupt"] >= len(blocks)  # concurrent readers may both see one
+    # Two readers (the fill and the kernel read) may both meet one damaged block.
+    assert numbers["data"]["tiers"]["ssd"]["corrupt"] >= len(blocks)
     assert numbers["gcs"]["media_reads"] >= len(blocks)
 
 
