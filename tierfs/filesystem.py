@@ -88,14 +88,16 @@ class Settings:
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
         ttl = config["metadata-cache:ttl-secs"]
         attr_timeout = NEVER_S if ttl < 0 else float(ttl)
-        dentry = config["file-system:experimental-enable-dentry-cache"]
         return cls(
             file_mode=config["file-system:file-mode"],
             dir_mode=config["file-system:dir-mode"],
             uid=uid if config["file-system:uid"] < 0 else config["file-system:uid"],
             gid=gid if config["file-system:gid"] < 0 else config["file-system:gid"],
             attr_timeout_s=attr_timeout,
-            entry_timeout_s=attr_timeout if dentry else 0.0,
+            # The kernel keeps names as long as we keep their metadata (gcsfuse keeps 0
+            # unless experimental-enable-dentry-cache; our own changes update the kernel's
+            # entries as they happen, so the TTL is the only staleness either way).
+            entry_timeout_s=attr_timeout,
             temp_dir=config["file-system:temp-dir"],
             rename_dir_limit=config["file-system:rename-dir-limit"],
             sequential_read_bytes=config["gcs-connection:sequential-read-size-mb"] << 20,
@@ -158,6 +160,8 @@ class Filesystem:
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
         )
         self.spawn = spawn
+        # Tell the kernel to drop a cached name (set by the FUSE layer; a no-op in core tests).
+        self.kernel_forget: Callable[[int, str], None] = lambda parent_ino, name: None
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,
             negative_ttl_s=settings.negative_ttl_s,
@@ -194,8 +198,18 @@ class Filesystem:
             size=size,
             mtime_ns=inode.mtime_ns,
             blocks=(size + 511) // 512,
-            entry_timeout_s=s.entry_timeout_s,
+            entry_timeout_s=s.entry_timeout_s if self._confirmed(inode) else 0.0,
             attr_timeout_s=s.attr_timeout_s,
+        )
+
+    def _confirmed(self, inode: Inode) -> bool:
+        """A listed prefix is a directory only with a placeholder or implicit-dirs: until a
+        lookup confirms it, the kernel must not keep the name (it would skip that lookup)."""
+        return (
+            inode.kind is not Kind.DIR
+            or inode.placeholder
+            or self.settings.implicit_dirs
+            or inode.ino == ROOT_INO
         )
 
     def getattr(self, ino: int) -> Attr:
@@ -351,7 +365,7 @@ class Filesystem:
             await self.bucket.delete(placeholder)
         except NotFound:
             pass  # an implicit directory: nothing to delete
-        self.names.removed(path)
+        self._removed(path)
         self.inodes.detach(inode)
 
     # -- files: create, open, read, write --------------------------------------------------------
@@ -374,6 +388,10 @@ class Filesystem:
         inode = self._inode(ino)
         if inode.kind is Kind.DIR:
             raise IsADirectory(inode.path)
+        if self.inodes.current(inode.path) is not inode:
+            # The kernel's name still leads to a generation we have since replaced (another
+            # writer won, or a newer lookup): ESTALE makes it look the name up again, once.
+            raise PreconditionFailed(inode.path)
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable:
             self._writable()
@@ -573,7 +591,7 @@ class Filesystem:
                 except NotFound:
                     pass  # already gone: the name is gone either way
             inode.unlinked = True
-            self.names.removed(path)
+            self._removed(path)
             self.inodes.detach(inode)
 
     async def _stage_unlocked(self, inode: Inode) -> None:
@@ -683,7 +701,7 @@ class Filesystem:
             if target is not None:
                 target.unlinked = True
                 self.inodes.detach(target)
-            self.names.removed(source.path)
+            self._removed(source.path)
             self.names.learned(new_path, Found(False, info))
             self.inodes.move(source, new_path)
             source.generation = info.generation
@@ -729,7 +747,7 @@ class Filesystem:
         async with trio.open_nursery() as nursery:
             for info in objects:
                 nursery.start_soon(self._delete_one, info)
-        self.names.removed(source.path)
+        self._removed(source.path)
         self.names.forget(new_path, below=True)
         self.inodes.move(source, new_path)
         source.placeholder = True
@@ -792,6 +810,20 @@ class Filesystem:
                 inode.staged = None
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _removed(self, path: str) -> None:
+        """``path`` is gone: forget it, and the directories that existed only through it.
+
+        Implied directories (no placeholder) may vanish with their last object; the
+        kernel would keep their names for the TTL, so they are dropped there too."""
+        self.names.removed(path)
+        parent = self.inodes.current(path.rsplit("/", 1)[0] if "/" in path else "")
+        while parent is not None and parent.ino != ROOT_INO and not parent.placeholder:
+            grand = self.inodes.current(parent.parent_path)
+            if grand is None:
+                break
+            self.kernel_forget(grand.ino, parent.name)
+            parent = grand
 
     def _new_path(self, parent_ino: int, name: str) -> str:
         """The path a create-like operation will make (writable mount, a name GCS accepts)."""

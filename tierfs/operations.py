@@ -22,8 +22,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from tierfs.errors import errno_of
-from tierfs.filesystem import Attr, Filesystem
+from tierfs.errors import NotFound, errno_of
+from tierfs.filesystem import NEVER_S, Attr, Filesystem
 from tierfs.namespace import decode_name, decode_target
 
 log = logging.getLogger("tierfs.fuse")
@@ -80,6 +80,11 @@ class Operations(pyfuse3.Operations):
     def __init__(self, fs: Filesystem) -> None:
         super().__init__()
         self.fs = fs
+        fs.kernel_forget = self._kernel_forget
+
+    @staticmethod
+    def _kernel_forget(parent_ino: int, name: str) -> None:
+        pyfuse3.invalidate_entry_async(parent_ino, name.encode("utf-8"), ignore_enoent=True)
 
     @_handler
     async def lookup(
@@ -87,7 +92,17 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         if name in (b".", b".."):
             raise pyfuse3.FUSEError(errno.ENOENT)
-        inode = await self.fs.lookup(parent_inode, decode_name(name))
+        try:
+            inode = await self.fs.lookup(parent_inode, decode_name(name))
+        except NotFound:
+            negative_s = self.fs.settings.negative_ttl_s
+            if negative_s <= 0:
+                raise
+            # Inode 0: the kernel remembers "no such name" for the negative TTL.
+            missing = pyfuse3.EntryAttributes()
+            missing.st_ino = 0
+            missing.entry_timeout = min(negative_s, NEVER_S)
+            return missing
         return entry(self.fs.attr(inode))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:

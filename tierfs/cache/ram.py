@@ -12,6 +12,7 @@ Invariants:
   ``getsizeof`` is ``len``; it evicts least recently used blocks before inserting.
 - A block larger than the whole capacity is not stored (and evicts nothing); nor is an
   empty one (it would cost nothing in bytes, so an unbounded number could pile up).
+- A put of a key already present only refreshes its recency (same key, same bytes).
 - ``max_bytes == 0`` disables the tier: every get misses, every put stores nothing.
 - Everything is synchronous and happens between two checkpoints, so each method is
   atomic for trio tasks (decision 7). The methods are ``async`` only to fit the

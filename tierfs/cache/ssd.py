@@ -100,7 +100,17 @@ import trio
 
 from tierfs.cache import BlockKey
 
-__all__ = ["AUTO", "CACHE_DIR_NAME", "FORMAT_VERSION", "SsdTier", "capacity_for"]
+__all__ = [
+    "AUTO",
+    "CACHE_DIR_NAME",
+    "DEFAULT_MAX_ENTRIES",
+    "FORMAT_VERSION",
+    "HEADER",
+    "MAGIC",
+    "SsdTier",
+    "capacity_for",
+    "safety_margin",
+]
 
 log = logging.getLogger("tierfs.cache")
 
@@ -378,8 +388,10 @@ class SsdTier:
 
     ``max_bytes``: a byte count, 0 (disabled: nothing is created, every get misses)
     or `AUTO` (the volume's free space plus what the cache already holds, less
-    `safety_margin`, measured by `open`). Call `open` (or build with `create`)
-    before anything else.
+    `safety_margin`, measured by `open`). ``block_size``: the chain's block size
+    (part of every file name; a longer put is a ValueError). ``limiter``: bounds the
+    worker threads (None: trio's default limiter). ``max_entries``: bounds the index.
+    Call `open` (or build with `create`) before anything else.
     """
 
     name = "ssd"
@@ -476,6 +488,11 @@ class SsdTier:
             self._add(stem, _round_up(size, self._fragment_bytes))
         if self._requested_bytes == AUTO:
             self._max_bytes = _auto_capacity(scan.total_bytes, scan.free_bytes, self._used_bytes)
+            if not self._max_bytes:
+                log.warning(
+                    "SSD cache %s: no free space left on its volume; the cache stores nothing",
+                    self.directory,
+                )
         victims = self._make_room(0)
         self._opened = True
         if scan.temporaries_removed:
