@@ -36,6 +36,7 @@ usage: {PROG} COMMAND [options]
 
 commands:
   mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
+  prefetch PATH...                             warm the tiers for files and directories
   stats [--json] MOUNTPOINT                    hits, misses and bytes per tier; GCS requests
   unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
@@ -104,6 +105,10 @@ def _main(argv: list[str]) -> int:
         return _unmount(rest)
     if command == "stats":
         return _stats(rest)
+    if command == "prefetch":
+        from tierfs.prefetch import prefetch
+
+        return prefetch(rest)
     if command == "demo":
         from tierfs.demo import run_demo
 

@@ -1,0 +1,68 @@
+"""``tierfs prefetch``: warms the tiers ahead of a job; a bar on a terminal, one line otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from google.cloud import storage
+
+from tests.conftest import MountFactory
+from tests.mounting import TIERFS, Mount
+
+MiB = 1 << 20
+
+
+def stats(mount: Mount) -> dict:
+    out = subprocess.run(
+        [TIERFS, "stats", "--json", str(mount.path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_prefetch_fills_the_ssd_tier(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    data = {f"data/part-{i}": os.urandom(3 * MiB + i) for i in range(5)}
+    for name, body in data.items():
+        gcs_client.bucket(bucket_name).blob(name).upload_from_string(body)
+    cache = tmp_path / "cache"
+    mount = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="first")
+    result = subprocess.run(
+        [TIERFS, "prefetch", str(mount.path / "data")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prefetched 5 files, "), result.stdout
+    assert result.stderr == ""  # no progress bar when not on a terminal
+    assert stats(mount)["data"]["tiers"]["ssd"]["used_bytes"] >= sum(map(len, data.values()))
+    assert mount.unmount().returncode == 0
+    again = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="second")
+    for name, body in data.items():
+        assert (again.path / name).read_bytes() == body
+    assert stats(again)["gcs"]["media_reads"] == 0
+
+
+def test_prefetch_shows_a_progress_bar_on_a_terminal(
+    mount: Mount, gcs_client: storage.Client
+) -> None:
+    gcs_client.bucket(mount.bucket).blob("f").upload_from_string(os.urandom(2 * MiB))
+    command = shlex.join([TIERFS, "prefetch", str(mount.path / "f")])
+    # script(1) gives the command a terminal and copies what it shows to our stdout.
+    proc = subprocess.run(
+        ["script", "-q", "-e", "-c", command, "/dev/null"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "prefetch: 100%" in proc.stdout and "2.00M/2.00M" in proc.stdout, proc.stdout
+    assert "prefetched 1 files, 2.0 MiB" in proc.stdout
+
+
+def test_prefetch_outside_a_mount_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run([TIERFS, "prefetch", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr == f"tierfs: {tmp_path} is not inside a tierfs mount\n"
