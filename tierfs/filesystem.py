@@ -82,6 +82,7 @@ class Settings:
     metadata_ttl_s: float = 60.0
     negative_ttl_s: float = 5.0
     stat_cache_max_bytes: float = 34 << 20
+    read_ahead_bytes: int = 32 << 20  # sequential prefetch depth (bounded by the RAM tier)
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
     @classmethod
@@ -109,9 +110,19 @@ class Settings:
             metadata_ttl_s=ttl_s(ttl),
             negative_ttl_s=ttl_s(config["metadata-cache:negative-ttl-secs"]),
             stat_cache_max_bytes=size_limit(config["metadata-cache:stat-cache-max-size-mb"]),
+            read_ahead_bytes=read_ahead_bytes(config),
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
+
+
+def read_ahead_bytes(config: Config) -> int:
+    """How far sequential reads prefetch: ``sequential-read-size-mb``, but never more than a
+    quarter of the RAM tier (prefetched blocks wait there; more would evict them unread)."""
+    wanted = config["gcs-connection:sequential-read-size-mb"] << 20
+    ram = config["ram-cache:max-size-mb"] << 20
+    block = config["ram-cache:block-size-mb"] << 20
+    return min(wanted, max(block, ram // 4)) if ram else wanted
 
 
 @dataclass(frozen=True)
@@ -424,7 +435,7 @@ class Filesystem:
                 inode.generation,
                 inode.size,
                 spawn=self.spawn,
-                max_ahead_bytes=self.settings.sequential_read_bytes,
+                max_ahead_bytes=self.settings.read_ahead_bytes,
                 fill=self.settings.file_cache,
                 fill_on_range_read=self.settings.cache_for_range_read,
                 crc32c=inode.crc32c,

@@ -573,24 +573,42 @@ class GcsBucket:
         if length == 0:
             await trio.lowlevel.checkpoint()
             return b""
-        bucket, retry, timeout = self._bucket, self._retry, self._timeout_s
+        retry, timeout = self._retry, self._timeout_s
+        session: requests.Session = self._client._http
+        # The library's own URL (host, escaping, userProject), fetched our way below.
+        url = self._bucket.blob(name, generation=generation)._get_download_url(self._client)
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "Accept-Encoding": "identity"}
+
+        def attempt() -> bytes:
+            # A raw streamed GET into one preallocated buffer: the client library's
+            # download_as_bytes copies through a BytesIO in small pieces, at about half the
+            # speed and twice the memory (measured on the emulator).
+            response = session.get(url, headers=headers, stream=True, timeout=timeout or None)
+            try:
+                if response.status_code == 416:  # range starts at or past the end
+                    return b""
+                if response.status_code >= 400:
+                    _ = response.content
+                    raise api_exceptions.from_http_response(response)
+                declared = response.headers.get("Content-Length")
+                if declared is None:  # no length announced: let requests assemble it
+                    return response.content[:length]
+                buffer = bytearray(min(int(declared), length))
+                view, filled = memoryview(buffer), 0
+                while filled < len(buffer):
+                    count = response.raw.readinto(view[filled:])
+                    if not count:
+                        break
+                    filled += count
+                view.release()
+                if filled < len(buffer):  # the connection ended early: never a short block
+                    raise requests.ConnectionError(f"short read: {filled} of {len(buffer)} bytes")
+                return bytes(buffer)
+            finally:
+                response.close()
 
         def run() -> bytes:
-            blob = bucket.blob(name, generation=generation)
-            try:
-                data: bytes = blob.download_as_bytes(
-                    start=offset,
-                    end=offset + length - 1,
-                    raw_download=True,
-                    retry=retry,
-                    timeout=timeout,
-                )
-            except (api_exceptions.GoogleAPICallError, InvalidResponse) as exc:
-                _release(exc)
-                if _status_of(exc) == 416:  # range starts at or past the end
-                    return b""
-                raise
-            return data
+            return retry(attempt)()
 
         data = await self._call(
             run, f"gs://{self.name}/{name}#{generation}", requests=1, media_reads=1
