@@ -149,3 +149,35 @@ def test_disabled_cache_never_hits() -> None:
     from tierfs.namespace import MISSING
 
     assert cache.get("a") is MISSING
+
+
+async def listing(fs: Filesystem) -> set[str]:
+    fh = fs.opendir(ROOT_INO)
+    try:
+        return {name for name, _, _ in await fs.readdir(fh, 0)}
+    finally:
+        fs.releasedir(fh)
+
+
+async def test_listings_kept_for_the_list_cache_ttl(tmp_path: Path) -> None:
+    fs, bucket, clock = make(tmp_path, list_ttl_s=30.0)
+    bucket.put("a", b"1")
+    assert await listing(fs) == {"a"}
+    before = requests(bucket)
+    bucket.put("b", b"2")  # another client: unseen while the listing is kept
+    assert await listing(fs) == {"a"}
+    assert requests(bucket) == before
+    handle, _ = await fs.create(ROOT_INO, "mine", os.O_WRONLY)
+    await fs.release(handle.fh)  # our own change evicts the kept listing
+    assert await listing(fs) == {"a", "b", "mine"}
+    bucket.put("c", b"3")
+    clock.now += 31
+    assert await listing(fs) == {"a", "b", "c", "mine"}
+
+
+async def test_list_cache_off_by_default(tmp_path: Path) -> None:
+    fs, bucket, _ = make(tmp_path)
+    bucket.put("a", b"1")
+    assert await listing(fs) == {"a"}
+    bucket.put("b", b"2")
+    assert await listing(fs) == {"a", "b"}

@@ -82,6 +82,7 @@ class Settings:
     metadata_ttl_s: float = 60.0
     negative_ttl_s: float = 5.0
     stat_cache_max_bytes: float = 34 << 20
+    list_ttl_s: float = 0.0
     read_ahead_bytes: int = 32 << 20  # sequential prefetch depth (bounded by the RAM tier)
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
@@ -111,6 +112,7 @@ class Settings:
             negative_ttl_s=ttl_s(config["metadata-cache:negative-ttl-secs"]),
             stat_cache_max_bytes=size_limit(config["metadata-cache:stat-cache-max-size-mb"]),
             read_ahead_bytes=read_ahead_bytes(config),
+            list_ttl_s=ttl_s(config["file-system:kernel-list-cache-ttl-secs"]),
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
@@ -184,6 +186,8 @@ class Filesystem:
             only_dir=settings.only_dir,
             implicit_dirs=settings.implicit_dirs,
             cache=self.metadata,
+            list_ttl_s=settings.list_ttl_s,
+            clock=monotonic_s,
         )
         self.inodes = InodeTable(root_mtime_ns=clock_ns())
         self.files: HandleTable[FileHandle] = HandleTable()

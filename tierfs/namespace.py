@@ -18,10 +18,13 @@ knows nothing of inodes or FUSE.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
+from cachetools import TTLCache
 
 from tierfs.errors import InvalidName, NameTooLong, NotFound
 from tierfs.storage import Bucket, ObjectInfo, check_name
@@ -33,6 +36,7 @@ MISSING: Any = object()  # "not in the metadata cache" (None means "cached: noth
 SYMLINK_TARGET_KEY = "gcsfuse_symlink_target"
 SYMLINK_FLAG_KEY = "goog-reserved-file-is-symlink"
 CONFLICT_SUFFIX = "\n"
+LISTINGS_KEPT = 4096
 NAME_MAX_BYTES = 255
 OBJECT_NAME_MAX_BYTES = 1024
 
@@ -98,18 +102,29 @@ class Namespace:
         only_dir: str = "",
         implicit_dirs: bool = False,
         cache: MetadataCache | None = None,
+        list_ttl_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bucket = bucket
         self.prefix = only_dir.strip("/") + "/" if only_dir.strip("/") else ""
         self.implicit_dirs = implicit_dirs
         self.cache = cache
+        # Listings kept for ``file-system:kernel-list-cache-ttl-secs``. pyfuse3 cannot ask the
+        # kernel to cache readdir results (FOPEN_CACHE_DIR), so they are kept here instead:
+        # a repeated `ls` costs no GCS request, and this mount's own changes evict the
+        # parent's listing at once, as the kernel's cache would be evicted.
+        self.listings: TTLCache[str, DirListing] | None = (
+            TTLCache(maxsize=LISTINGS_KEPT, ttl=list_ttl_s, timer=clock) if list_ttl_s > 0 else None
+        )
 
     def learned(self, path: str, found: Found | None) -> None:
         """This mount changed ``path``: its new state is known without asking GCS."""
+        self._changed(path)
         if self.cache is not None:
             self.cache.put(path, found)
 
     def forget(self, path: str, *, below: bool = False) -> None:
+        self._changed(path, below=below)
         if self.cache is not None:
             if below:
                 self.cache.forget_below(path)
@@ -118,10 +133,23 @@ class Namespace:
 
     def removed(self, path: str) -> None:
         """This mount removed ``path``: it is gone, and implied parents may be too."""
+        self._changed(path, below=True)
         if self.cache is not None:
             self.cache.forget_below(path)
             self.cache.put(path, None)
             self.cache.forget_implied_above(path)
+
+    def _changed(self, path: str, *, below: bool = False) -> None:
+        """Drop kept listings that ``path`` changing makes stale (its ancestors' too: an
+        implied directory may appear or vanish with it)."""
+        if self.listings is None:
+            return
+        parts = path.split("/")
+        for depth in range(len(parts)):
+            self.listings.pop("/".join(parts[:depth]), None)
+        if below:
+            for key in [k for k in self.listings if k == path or k.startswith(path + "/")]:
+                self.listings.pop(key, None)
 
     def file_object(self, path: str) -> str:
         """The object of a file; ``foo\\n`` (the file beside a directory ``foo``) is ``foo``."""
@@ -180,6 +208,16 @@ class Namespace:
         return None
 
     async def list_dir(self, path: str) -> DirListing:
+        if self.listings is not None:
+            kept = self.listings.get(path)
+            if kept is not None:
+                return kept
+        listing = await self._list_dir(path)
+        if self.listings is not None:
+            self.listings[path] = listing
+        return listing
+
+    async def _list_dir(self, path: str) -> DirListing:
         prefix = self.dir_object(path)
         listing = await self.bucket.list(prefix, delimiter="/")
         dirs = []
@@ -195,10 +233,11 @@ class Namespace:
                 continue  # the placeholder itself (''), or a name no path can hold
             entry = part + CONFLICT_SUFFIX if part in dir_set else part
             files.append((entry, info))
-            self.learned(self.child_path(path, entry), Found(False, info))
-        if self.implicit_dirs:
+            if self.cache is not None:
+                self.cache.put(self.child_path(path, entry), Found(False, info))
+        if self.implicit_dirs and self.cache is not None:
             for part in dirs:  # without implicit-dirs a prefix alone is not a directory
-                self.learned(self.child_path(path, part), Found(True))
+                self.cache.put(self.child_path(path, part), Found(True))
         return DirListing(tuple(files), tuple(dirs))
 
     async def list_below(self, path: str) -> tuple[ObjectInfo, ...]:
