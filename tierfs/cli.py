@@ -190,9 +190,11 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     import trio
 
     from tierfs import logs
+    from tierfs.memory import tune_allocator
     from tierfs.mount import serve
 
     logs.setup(config, foreground=ready_fd is None)
+    tune_allocator()
     failures: list[str] = []
 
     def ready(message: str | None) -> None:
