@@ -371,9 +371,10 @@ SCHEMA: tuple[Option, ...] = (
         "file-cache:download-chunk-size-mb",
         _I,
         200,
-        "Size of one parallel ranged read in MiB.",
+        "Size of one parallel ranged read in MiB (tierfs reads in ram-cache:block-size-mb blocks).",
         flag="file-cache-download-chunk-size-mb",
         minimum=1,
+        effect=ACCEPTED,
     ),
     _opt(
         "file-cache:enable-crc",
