@@ -771,8 +771,9 @@ class GcsBucket:
         try:
             return await trio.to_thread.run_sync(run, limiter=self._limiter)
         except Exception as exc:
-            self._counters.add(errors=1)
             error = _map_error(exc, what)
+            if not isinstance(error, NotFound | PreconditionFailed):
+                self._counters.add(errors=1)  # "not there" and "changed" are answers, not faults
             if error is exc:
                 raise
             raise error from exc

@@ -287,6 +287,8 @@ class MemoryBucket:
     def _counted(self, run: Callable[[], T]) -> T:
         try:
             return run()
+        except (NotFound, PreconditionFailed):
+            raise  # answers, not faults (as GcsBucket counts them)
         except Exception:
             self._counters["errors"] += 1
             raise
