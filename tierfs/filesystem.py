@@ -19,6 +19,7 @@ uploading, renaming one inode).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -55,6 +56,7 @@ from tierfs.namespace import (
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
+log = logging.getLogger("tierfs.fs")
 NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
 BLOCK_SIZE = 4096
 RENAME_NOREPLACE = 1
@@ -84,8 +86,11 @@ class Settings:
     stat_cache_max_bytes: float = 34 << 20
     list_ttl_s: float = 0.0
     read_ahead_bytes: int = 32 << 20  # sequential prefetch depth (bounded by the RAM tier)
+    metadata_prefetch: bool = True  # list a directory in the background on its first lookup
+    metadata_prefetch_workers: int = 10
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
+
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
         ttl = config["metadata-cache:ttl-secs"]
@@ -113,6 +118,8 @@ class Settings:
             stat_cache_max_bytes=size_limit(config["metadata-cache:stat-cache-max-size-mb"]),
             read_ahead_bytes=read_ahead_bytes(config),
             list_ttl_s=ttl_s(config["file-system:kernel-list-cache-ttl-secs"]),
+            metadata_prefetch=config["metadata-cache:enable-metadata-prefetch"],
+            metadata_prefetch_workers=config["metadata-cache:metadata-prefetch-max-workers"],
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
@@ -173,6 +180,9 @@ class Filesystem:
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
         )
         self.spawn = spawn
+        self._monotonic_s = monotonic_s
+        self._prefetched_dirs: dict[str, float] = {}
+        self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
         # Tell the kernel to drop a cached name (set by the FUSE layer; a no-op in core tests).
         self.kernel_forget: Callable[[int, str], None] = lambda parent_ino, name: None
         self.metadata = MetadataCache(
@@ -239,11 +249,35 @@ class Filesystem:
         """The inode of ``name`` in a directory; the caller hands it to the kernel (+1 lookup)."""
         parent = self._dir(parent_ino)
         path = self.names.child_path(parent.path, name)
+        self._prefetch_listing(parent.path)
         inode = await self._resolve(path)
         if inode is None:
             raise NotFound(path)
         self.inodes.remember(inode)
         return inode
+
+    def _prefetch_listing(self, dir_path: str) -> None:
+        """gcsfuse's metadata prefetch: the first lookup in a directory lists it in the
+        background, so the stats of its siblings (``ls -l``, a data loader opening every
+        file) come from the metadata cache instead of one or two requests each."""
+        s = self.settings
+        if self.spawn is None or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
+            return
+        now = self._monotonic_s()
+        last = self._prefetched_dirs.get(dir_path)
+        if last is not None and now - last < s.metadata_ttl_s:
+            return
+        if len(self._prefetched_dirs) > 100_000:
+            self._prefetched_dirs.clear()
+        self._prefetched_dirs[dir_path] = now
+        self.spawn(self._list_in_background, dir_path)
+
+    async def _list_in_background(self, dir_path: str) -> None:
+        try:
+            async with self._prefetch_limiter:
+                await self.names.list_dir(dir_path)
+        except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
+            log.debug("metadata prefetch of %r failed: %s", dir_path, err)
 
     def remember(self, inode: Inode) -> None:
         """The kernel accepted ``inode`` in a readdir reply."""
