@@ -51,3 +51,26 @@ install-helper: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+
+# Benchmarks (README, "Benchmarks"; code in benchmarks/): tierfs against
+# rclone, the GCS client used directly, local disk and tmpfs, on the embedded emulator,
+# plain and through a GCS-shaped link. bench-quick: small sizes, under 3 minutes.
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_PKGS := rclone fio
+.PHONY: bench bench-quick bench-deps
+
+bench-deps: $(STAMP)
+	@missing=""; \
+	for p in $(BENCH_PKGS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@test -f $(BENCH_STAMP) -a $(BENCH_STAMP) -nt pyproject.toml || \
+	  { $(PY) -m pip install -q -e '.[test,bench]' && touch $(BENCH_STAMP); }
+
+bench: bench-deps
+	$(PY) -m benchmarks
+
+bench-quick: bench-deps
+	$(PY) -m benchmarks --quick

@@ -1,0 +1,30 @@
+"""tierfs benchmarks: tierfs against its peers and the physical limits, in one run.
+
+"Faster than X" means nothing unless X ran against the same backend, on the
+same machine, in the same run. ``make bench`` (full sizes) and
+``make bench-quick`` (small sizes, under 3 minutes) start the embedded GCS
+emulator and run the same workloads on every system, twice: on the plain
+emulator (RAM, ~1.5 ms per request, GB/s) and through a GCS-shaped link
+(`shaping`: +20 ms per request, 200 MB/s per connection), because caches and
+parallelism only show their worth on the second.
+
+Layout (each module's docstring says why it is the way it is):
+
+- `systems`   the registry of systems: tierfs (default options), tierfs with
+              the GKE checkpointing option line, rclone mount, the GCS client
+              used directly (the backend limit), local disk and tmpfs (the
+              local limits);
+- `workloads` the registry of workloads and their metrics;
+- `direct`    the fastest direct GCS client this harness knows;
+- `shaping`   the GCS-shaped link (a TCP proxy);
+- `env`       the emulator, proxy, data sets and clean-up of one run;
+- `data`      the random bytes written, and how reads are verified;
+- `runner`    one cell per (profile, workload, system), never crashing the run;
+- `report`    terminal table, JSON, Markdown and PNG under ``results/``;
+- `profile`   ``python -m benchmarks.profile WORKLOAD SYSTEM``: py-spy on the daemon.
+
+To grow it: a new system is one `systems.System` subclass added to
+``SYSTEMS``; a new workload is one `workloads.Workload` subclass (its metrics,
+a ``run(cell)``) added to ``WORKLOADS``; sizes for both modes are fields of
+`env.Sizes`. The report picks them up by themselves.
+"""

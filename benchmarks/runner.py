@@ -1,0 +1,224 @@
+"""Run every (profile, workload, system) cell and collect one `Record` per metric.
+
+Each cell gets a fresh system instance (so each workload starts from a fresh
+mount and a daemon's peak RSS belongs to that workload) and a scratch bucket
+that is emptied afterwards. A cell never takes the run down:
+
+- a system that cannot run here is "n/a" with its reason, for every metric;
+- an exception is "error" with a one-line reason; wrong bytes are "FAIL",
+  printed at once and counted, and make the run exit non-zero;
+- a cell that outlives its timeout is a hang: a watchdog kills the system's
+  daemons (by PID), which makes every blocked call on the mount fail, and the
+  cell is reported as "hang".
+
+Systems that never touch the network (local disk, tmpfs) run in the first
+profile only; their records are copied into the others, marked as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from benchmarks.data import WrongBytes
+from benchmarks.env import Env
+from benchmarks.systems import SYSTEMS, FuseSystem, System
+from benchmarks.workloads import RSS, WORKLOADS, Cell, Metric, Workload
+
+
+@dataclass
+class Record:
+    profile: str
+    system: str
+    workload: str
+    metric: str
+    value: float | None
+    unit: str
+    status: str  # "ok", "n/a", "error", "FAIL", "hang"
+    note: str = ""
+    seconds: float | None = None
+
+
+class Runner:
+    def __init__(
+        self,
+        env: Env,
+        *,
+        profiles: Sequence[str],
+        systems: Sequence[str],
+        workloads: Sequence[str],
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.env = env
+        self.profiles = list(profiles)
+        self.systems = list(systems)
+        self.workloads = list(workloads)
+        self.log = log
+        self.records: list[Record] = []
+        self.failures: list[str] = []
+        self.cell_seconds: dict[tuple[str, str, str], float] = {}
+
+    @staticmethod
+    def metrics(workload: type[Workload]) -> list[Metric]:
+        rss = dataclasses.replace(RSS, key=f"rss.{workload.name}")
+        return [*workload.metrics, rss]
+
+    def run(self) -> list[Record]:
+        for index, profile in enumerate(self.profiles):
+            for workload_name in self.workloads:
+                workload = WORKLOADS[workload_name]
+                for system_name in self.systems:
+                    system_cls = SYSTEMS[system_name]
+                    if not system_cls.network and index > 0:
+                        self._copy(system_name, workload, self.profiles[0], profile)
+                        continue
+                    self._cell(profile, workload, system_cls)
+        return self.records
+
+    def _copy(self, system: str, workload: type[Workload], source: str, profile: str) -> None:
+        for record in [
+            r
+            for r in self.records
+            if r.profile == source and r.system == system and r.workload == workload.name
+        ]:
+            note = "; ".join(x for x in (record.note, f"no network: same run as {source}") if x)
+            self.records.append(dataclasses.replace(record, profile=profile, note=note))
+
+    def _cell(self, profile: str, workload_cls: type[Workload], system_cls: type[System]) -> None:
+        metrics = self.metrics(workload_cls)
+        where = f"[{profile}] {system_cls.name} / {workload_cls.name}"
+        reason = system_cls.unavailable()
+        if reason is not None:
+            self._all(profile, system_cls.name, workload_cls.name, metrics, "n/a", reason)
+            self.log(f"{where}: n/a ({reason})")
+            return
+        system = system_cls(self.env, profile)
+        cell = Cell(self.env, system, profile, self.log)
+        hung = threading.Event()
+        finished = threading.Event()
+
+        def watchdog() -> None:
+            if not finished.wait(self.env.sizes.cell_timeout_s):
+                hung.set()
+                self.log(f"{where}: no progress in {self.env.sizes.cell_timeout_s:.0f}s, killing")
+                system.kill()
+
+        threading.Thread(target=watchdog, daemon=True).start()
+        start = time.monotonic()
+        status, reason = "ok", ""
+        try:
+            workload_cls().run(cell)
+            system.sample_rss()
+        except WrongBytes as err:
+            status, reason = "FAIL", f"WRONG BYTES: {err}"
+        except Exception as err:
+            status = "hang" if hung.is_set() else "error"
+            reason = f"{type(err).__name__}: {' '.join(str(err).split())}"[:400]
+            if status == "error":
+                self.log(traceback.format_exc().rstrip())
+        finally:
+            finished.set()
+            try:
+                system.close()
+            except Exception as err:
+                if status == "ok":
+                    status, reason = "error", f"cleanup: {type(err).__name__}: {err}"
+            for bucket in cell.scratch:
+                try:
+                    self.env.scrub(bucket)
+                except Exception as err:
+                    self.log(f"{where}: cannot empty {bucket}: {err}")
+        elapsed = time.monotonic() - start
+        self.cell_seconds[(profile, system_cls.name, workload_cls.name)] = elapsed
+        if isinstance(system, FuseSystem):
+            errors = system.log_errors()
+            if errors:
+                cell.notes.append(f"daemon logged {len(errors)} ERROR lines: {errors[0][-200:]}")
+        if status != "ok":
+            if status == "FAIL":
+                self.failures.append(f"{where}: {reason}")
+                self.log(f"\n!!! {where}: {reason}\n")
+            elif status == "hang":
+                self.failures.append(f"{where}: hang ({reason})")
+            self.log(f"{where}: {status}: {reason}")
+        for metric in metrics:
+            if metric.key.startswith("rss."):
+                kib = system.peak_rss_kib
+                value = kib / 1024 if kib is not None else None
+                if status == "ok" or value is not None:
+                    rss_status = "ok" if value is not None else "n/a"
+                    rss_note = "" if value is not None else "no daemon"
+                    self._add(
+                        profile,
+                        system_cls.name,
+                        workload_cls.name,
+                        metric,
+                        value,
+                        rss_status,
+                        rss_note,
+                        None,
+                    )
+                    continue
+            measured = cell.values.get(metric.key)
+            if measured is not None and measured.value is not None:
+                note = "; ".join(x for x in (measured.note, *cell.notes) if x)
+                seconds = measured.detail.get("seconds")
+                self._add(
+                    profile,
+                    system_cls.name,
+                    workload_cls.name,
+                    metric,
+                    measured.value,
+                    "ok",
+                    note,
+                    seconds,
+                )
+            else:
+                self._add(
+                    profile,
+                    system_cls.name,
+                    workload_cls.name,
+                    metric,
+                    None,
+                    status if status != "ok" else "error",
+                    reason or "not measured",
+                    None,
+                )
+        summary = ", ".join(
+            f"{m.key.split('.', 1)[1]} {cell.values[m.key].value:,.1f} {m.unit}"
+            for m in metrics
+            if m.key in cell.values and cell.values[m.key].value is not None
+        )
+        rss = f", rss {system.peak_rss_kib / 1024:.0f} MiB" if system.peak_rss_kib else ""
+        self.log(f"{where}: {summary}{rss} ({elapsed:.1f}s)")
+
+    def _all(
+        self,
+        profile: str,
+        system: str,
+        workload: str,
+        metrics: list[Metric],
+        status: str,
+        note: str,
+    ) -> None:
+        for metric in metrics:
+            self._add(profile, system, workload, metric, None, status, note, None)
+
+    def _add(
+        self,
+        profile: str,
+        system: str,
+        workload: str,
+        metric: Metric,
+        value: float | None,
+        status: str,
+        note: str,
+        seconds: float | None,
+    ) -> None:
+        self.records.append(
+            Record(profile, system, workload, metric.key, value, metric.unit, status, note, seconds)
+        )

@@ -1,0 +1,646 @@
+"""The workloads: a registry, one small class per workload, each with its metrics.
+
+A new workload is one class here and one line in `WORKLOADS`. It declares
+the metrics it reports (`Metric`: a label, a unit, which way is better, and
+which limit the tierfs ratio is taken against) and implements ``run(cell)``,
+driving the cell's system through paths (``cell.system.kind`` "fuse" or
+"local") or through the direct GCS client ("direct"), and recording values
+with ``cell.record``. Sizes come from ``cell.sizes`` (quick or full).
+
+Rules every workload follows:
+
+- every byte read back is compared with what was written (`benchmarks.data`);
+  objects written through a mount are checked by the CRC32C GCS computed;
+- verification happens outside the timed part where it can;
+- "cold" means a fresh mount with empty caches and the page cache dropped;
+  "remount" keeps the system's persistent cache (its SSD tier) and drops
+  the page cache; "warm" repeats on the same mount;
+- throughput is MB/s (10^6 bytes), so every "higher is better" number is a
+  rate, and ratios read as "fraction of the limit reached".
+
+The limit of a metric is "gcs" (the direct client: what the backend gives)
+when the data must cross the link, and "local" (the local disk) when a
+cache or local-first write could serve it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from benchmarks.data import WrongBytes, check, check_small, crc32c_b64
+from benchmarks.env import DATA_BUCKET, META_BUCKET, Env, Sizes
+from benchmarks.systems import System
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool = True
+    limit: str | None = "gcs"  # "gcs", "local" or None (no ratio against a limit)
+
+
+@dataclass
+class Measurement:
+    value: float | None
+    note: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Cell:
+    """One workload on one system in one profile: what the workload gets to use."""
+
+    def __init__(self, env: Env, system: System, profile: str, log: Callable[[str], None]) -> None:
+        self.env = env
+        self.system = system
+        self.profile = profile
+        self.sizes: Sizes = env.sizes
+        self.log = log
+        self.values: dict[str, Measurement] = {}
+        self.scratch: list[str] = []
+        self.notes: list[str] = []
+
+    def record(self, key: str, value: float | None, note: str = "", **detail: Any) -> None:
+        self.values[key] = Measurement(value, note, detail)
+
+    def scratch_bucket(self) -> str:
+        bucket = self.env.new_bucket(f"{self.system.name}-{self.profile}")
+        self.scratch.append(bucket)
+        return bucket
+
+    @property
+    def direct(self) -> Any:
+        return self.env.direct(self.profile)
+
+    def wait_durable(self, bucket: str, expected: dict[str, str], prefix: str) -> None:
+        assert self.env.admin is not None
+        self.env.admin.wait_for(
+            bucket, expected, prefix=prefix, timeout_s=self.sizes.durable_timeout_s
+        )
+
+
+def rate(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e6
+
+
+# -- file helpers (paths) ----------------------------------------------------------------
+
+
+def write_file(path: Path, data: memoryview, block: int, *, fsync: bool = False) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for offset in range(0, len(data), block):
+            chunk = data[offset : offset + block]
+            written = 0
+            while written < len(chunk):
+                written += os.write(fd, chunk[written:])
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_file_into(path: Path, view: memoryview, block: int) -> int:
+    """Read the whole file into ``view`` in ``block``-sized reads; bytes read."""
+    got = 0
+    with open(path, "rb", buffering=0) as stream:
+        while got < len(view):
+            n = stream.readinto(view[got : got + block])
+            if not n:
+                break
+            got += n
+        # The file must end where we expect it to.
+        if got == len(view) and stream.read(1):
+            raise WrongBytes(f"{path}: longer than the {len(view)} bytes written")
+    return got
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def wait_local_durable(paths: list[Path]) -> None:
+    """The local system's "durable": fsync every file and its directory."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for directory in {p.parent for p in paths}:
+        fsync_dir(directory)
+
+
+class Workload:
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+
+    def run(self, cell: Cell) -> None:
+        raise NotImplementedError
+
+
+# -- 1. sequential write -------------------------------------------------------------------
+
+
+class SeqWrite(Workload):
+    """Write N files of S bytes one after another in 1 MiB writes: until close, until durable."""
+
+    name = "write"
+    title = "sequential write (4 files)"
+    metrics = (
+        Metric("write.close", "seq write, until close()", "MB/s", limit="local"),
+        Metric("write.durable", "seq write, until durable in GCS", "MB/s", limit="gcs"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        sizes, env = cell.sizes, cell.env
+        assert env.pool is not None
+        files = {
+            f"w/part-{i}": env.pool.slice(
+                (i + 1) * sizes.write_file_bytes // 3, sizes.write_file_bytes
+            )
+            for i in range(sizes.write_files)
+        }
+        total = sum(len(v) for v in files.values())
+        bucket = cell.scratch_bucket()
+        expected = {name: crc32c_b64(data) for name, data in files.items()}
+        system = cell.system
+        if system.kind == "direct":
+            start = time.monotonic()
+            cell.direct.upload_many(bucket, list(files.items()))
+            elapsed = time.monotonic() - start
+            cell.wait_durable(bucket, expected, "w/")
+            cell.record("write.close", rate(total, elapsed), "parallel single-request uploads")
+            cell.record("write.durable", rate(total, elapsed))
+            return
+        root = system.mount(bucket)
+        assert root is not None
+        (root / "w").mkdir()
+        paths = [root / name for name in files]
+        start = time.monotonic()
+        for path, data in zip(paths, files.values(), strict=True):
+            write_file(path, data, sizes.io_block_bytes)
+        closed = time.monotonic() - start
+        if system.kind == "local":
+            wait_local_durable(paths)
+            durable = time.monotonic() - start
+            buffer = bytearray(sizes.write_file_bytes)
+            for path, data in zip(paths, files.values(), strict=True):
+                n = read_file_into(path, memoryview(buffer), sizes.io_block_bytes)
+                check(str(path), buffer if n == len(buffer) else buffer[:n], data)
+        else:
+            cell.wait_durable(bucket, expected, "w/")
+            durable = time.monotonic() - start
+        cell.record("write.close", rate(total, closed), seconds=closed)
+        cell.record("write.durable", rate(total, durable), seconds=durable)
+
+
+# -- 2-4. sequential reads: cold, warm, after a remount ----------------------------------------
+
+
+class SeqRead(Workload):
+    """Read the data set's N files sequentially: cold, warm (again), after a remount."""
+
+    name = "read"
+    title = "sequential read (4 files)"
+    metrics = (
+        Metric("read.cold", "seq read, cold (fresh mount, page cache dropped)", "MB/s"),
+        Metric("read.warm", "seq read, warm (same mount again)", "MB/s", limit="local"),
+        Metric("read.remount", "seq read after remount (persistent tier)", "MB/s", limit="local"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        names = [n for n in env.data_objects if n.startswith("seq/")]
+        total = sum(len(env.data_objects[n]) for n in names)
+        if system.kind == "direct":
+            buffers = {name: bytearray(len(env.data_objects[name])) for name in names}
+            targets = [(name, memoryview(buffer)) for name, buffer in buffers.items()]
+            for key in ("read.cold", "read.warm", "read.remount"):
+                start = time.monotonic()
+                cell.direct.download_many(DATA_BUCKET, targets)
+                elapsed = time.monotonic() - start
+                for name, buffer in buffers.items():
+                    check(f"gs://{DATA_BUCKET}/{name}", buffer, env.data_objects[name])
+                    buffer[:16] = b"\0" * 16  # a stale buffer must not pass the next check
+                note = "no cache: every pass reads GCS" if key != "read.cold" else ""
+                cell.record(key, rate(total, elapsed), note, seconds=elapsed)
+            return
+        system.mount(DATA_BUCKET)
+        env.drop_caches()
+        buffers = {n: bytearray(len(env.data_objects[n])) for n in names}
+        for key in ("read.cold", "read.warm", "read.remount"):
+            if key == "read.remount":
+                system.remount()
+            assert system.root is not None
+            elapsed = 0.0
+            for name, buffer in buffers.items():
+                buffer[:16] = b"\0" * 16  # a stale buffer must not pass the check
+                start = time.monotonic()
+                n = read_file_into(system.root / name, memoryview(buffer), sizes.io_block_bytes)
+                elapsed += time.monotonic() - start
+                got = buffer if n == len(buffer) else buffer[:n]
+                check(f"{system.name}:{name}", got, env.data_objects[name])
+            cell.record(key, rate(total, elapsed), seconds=elapsed)
+
+
+# -- 5. random reads -------------------------------------------------------------------------
+
+
+def _python_random_reads(
+    read: Callable[[int, int], bytes], want: memoryview, block: int, seconds: float, seed: int
+) -> tuple[int, float]:
+    """QD1 random aligned reads for ``seconds``, each verified; (count, elapsed)."""
+    rng = random.Random(seed)
+    slots = len(want) // block
+    count = 0
+    start = time.monotonic()
+    deadline = start + seconds
+    while True:
+        offset = rng.randrange(slots) * block
+        data = read(offset, block)
+        check_small("random read", offset, data, want[offset : offset + block])
+        count += 1
+        if time.monotonic() >= deadline:
+            return count, time.monotonic() - start
+
+
+def _fio(path: Path, block: int, size: int, seconds: float) -> dict[str, Any]:
+    result = subprocess.run(
+        [
+            "fio",
+            "--name=randread",
+            f"--filename={path}",
+            "--readonly",
+            "--rw=randread",
+            f"--bs={block}",
+            "--ioengine=psync",
+            "--iodepth=1",
+            "--numjobs=1",
+            f"--size={size}",
+            "--time_based",
+            f"--runtime={max(1, round(seconds))}",
+            "--invalidate=1",
+            "--norandommap",
+            "--randrepeat=0",
+            "--output-format=json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 300,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"fio failed ({result.returncode}): {result.stderr.strip()[-300:]}")
+    text = result.stdout[result.stdout.index("{") :]
+    job = json.loads(text)["jobs"][0]["read"]
+    if job.get("io_bytes", 0) == 0:
+        raise RuntimeError(f"fio read nothing from {path}")
+    return {"iops": float(job["iops"]), "bw_bytes": float(job["bw_bytes"])}
+
+
+class RandRead(Workload):
+    """Random 4 KiB and 1 MiB reads (QD1) over one large object, each from a cold mount.
+
+    fio (psync, QD1, buffered, time-based) measures where it is installed, then a
+    short Python pass of the same pattern verifies the bytes; without fio the
+    verifying Python loop is the measurement. The direct client runs the same QD1
+    pattern as ranged GETs.
+    """
+
+    name = "rand"
+    title = "random reads over one object"
+    metrics = (
+        Metric("rand.4k", "random 4 KiB reads, QD1", "IOPS"),
+        Metric("rand.1m", "random 1 MiB reads, QD1", "MB/s"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        name = "rand/blob"
+        want = env.data_objects[name]
+        for key, block in (("rand.4k", 4096), ("rand.1m", 1 << 20)):
+            if system.kind == "direct":
+                direct = cell.direct
+
+                def read(offset: int, length: int, direct: Any = direct) -> bytes:
+                    return bytes(direct.read_range(DATA_BUCKET, name, offset, length))
+
+                count, elapsed = _python_random_reads(read, want, block, sizes.rand_seconds, 1)
+                self._record(cell, key, block, count / elapsed, "ranged GETs, QD1")
+                continue
+            root = system.mount(DATA_BUCKET, fresh=True)
+            assert root is not None
+            env.drop_caches()
+            path = root / name
+            with open(path, "rb", buffering=0) as stream:
+
+                def read(offset: int, length: int, stream: Any = stream) -> bytes:
+                    data: bytes = os.pread(stream.fileno(), length, offset)
+                    return data
+
+                if shutil.which("fio"):
+                    result = _fio(path, block, len(want), sizes.rand_seconds)
+                    _python_random_reads(read, want, block, min(0.25, sizes.rand_seconds), 2)
+                    self._record(cell, key, block, result["iops"], "fio psync QD1 buffered")
+                else:
+                    count, elapsed = _python_random_reads(read, want, block, sizes.rand_seconds, 1)
+                    self._record(cell, key, block, count / elapsed, "python pread QD1")
+
+    @staticmethod
+    def _record(cell: Cell, key: str, block: int, iops: float, note: str) -> None:
+        value = iops if key == "rand.4k" else iops * block / 1e6
+        cell.record(key, value, note, iops=iops)
+
+
+# -- 6. metadata -----------------------------------------------------------------------------
+
+
+def _walk(root: Path, deadline: float) -> tuple[dict[str, int], int, bool]:
+    """``ls -lR``: readdir every directory and lstat every entry; (files, entries, done)."""
+    files: dict[str, int] = {}
+    entries = 0
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                info = entry.stat(follow_symlinks=False)
+                entries += 1
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                else:
+                    files[os.path.relpath(entry.path, root)] = info.st_size
+                if time.monotonic() > deadline:
+                    return files, entries, False
+    return files, entries, True
+
+
+class Metadata(Workload):
+    """stat and ``ls -lR`` over the metadata tree (cold, warm), then creating small files."""
+
+    name = "meta"
+    title = "metadata"
+    metrics = (
+        Metric("meta.stat_cold", "stat, cold", "stat/s"),
+        Metric("meta.stat_warm", "stat, warm", "stat/s", limit="local"),
+        Metric("meta.ls_cold", "ls -lR, cold", "entries/s"),
+        Metric("meta.ls_warm", "ls -lR, warm", "entries/s", limit="local"),
+        Metric("meta.create", "create small files, until close()", "files/s", limit="local"),
+        Metric("meta.create_durable", "create small files, until durable", "files/s"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        if cell.system.kind == "direct":
+            self._direct(cell)
+        else:
+            self._paths(cell)
+
+    def _expected(self, cell: Cell) -> tuple[list[str], int]:
+        names = sorted(cell.env.meta_files)
+        random.Random(3).shuffle(names)
+        return names, len(names) + len(cell.env.meta_dirs)
+
+    def _small_files(self, cell: Cell) -> dict[str, memoryview]:
+        assert cell.env.pool is not None
+        size = cell.sizes.create_file_bytes
+        return {
+            f"c/small-{i:05d}": cell.env.pool.slice(i * 7777, size)
+            for i in range(cell.sizes.create_files)
+        }
+
+    def _paths(self, cell: Cell) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        names, entries_expected = self._expected(cell)
+        root = system.mount(META_BUCKET)
+        assert root is not None
+        env.drop_caches()
+        done = 0
+        for key in ("meta.stat_cold", "meta.stat_warm"):
+            todo = names if key == "meta.stat_cold" else names[:done]
+            deadline = time.monotonic() + sizes.meta_stat_seconds
+            start = time.monotonic()
+            count = 0
+            for name in todo:
+                size = os.stat(root / name).st_size
+                if size != env.meta_files[name]:
+                    raise WrongBytes(f"{name}: size {size}, expected {env.meta_files[name]}")
+                count += 1
+                if key == "meta.stat_cold" and time.monotonic() > deadline:
+                    break
+            elapsed = time.monotonic() - start
+            done = count
+            cell.record(key, count / elapsed, f"{count} files", count=count, seconds=elapsed)
+        for key in ("meta.ls_cold", "meta.ls_warm"):
+            if key == "meta.ls_cold":
+                root = system.mount(META_BUCKET)
+                assert root is not None
+                env.drop_caches()
+            start = time.monotonic()
+            files, entries, complete = _walk(root, start + sizes.meta_walk_cap_s)
+            elapsed = time.monotonic() - start
+            note = ""
+            if complete:
+                if files != env.meta_files:
+                    missing = set(env.meta_files) - set(files)
+                    extra = set(files) - set(env.meta_files)
+                    raise WrongBytes(
+                        f"ls -lR found {len(files)} files, expected {len(env.meta_files)}"
+                        f" (missing {sorted(missing)[:2]}, extra {sorted(extra)[:2]},"
+                        f" sizes differ for"
+                        f" {[n for n in files if files[n] != env.meta_files.get(n)][:2]})"
+                    )
+            else:
+                note = f"stopped after {sizes.meta_walk_cap_s:.0f}s: {entries}/{entries_expected}"
+                for name, size in files.items():
+                    if env.meta_files.get(name) != size:
+                        raise WrongBytes(f"ls -lR: {name} size {size}")
+            cell.record(key, entries / elapsed, note, entries=entries, seconds=elapsed)
+        bucket = cell.scratch_bucket()
+        root = system.mount(bucket)
+        assert root is not None
+        files_to_create = self._small_files(cell)
+        (root / "c").mkdir()
+        paths = [root / name for name in files_to_create]
+        start = time.monotonic()
+        for path, data in zip(paths, files_to_create.values(), strict=True):
+            write_file(path, data, sizes.io_block_bytes)
+        closed = time.monotonic() - start
+        if system.kind == "local":
+            wait_local_durable(paths)
+            for path, data in zip(paths, files_to_create.values(), strict=True):
+                check(str(path), path.read_bytes(), data)
+        else:
+            expected = {n: crc32c_b64(d) for n, d in files_to_create.items()}
+            cell.wait_durable(bucket, expected, "c/")
+        durable = time.monotonic() - start
+        n = len(paths)
+        cell.record("meta.create", n / closed, seconds=closed)
+        cell.record("meta.create_durable", n / durable, seconds=durable)
+
+    def _direct(self, cell: Cell) -> None:
+        env, sizes = cell.env, cell.sizes
+        direct = cell.direct
+        names, _ = self._expected(cell)
+
+        def stat(name: str) -> None:
+            size = int(direct.stat(META_BUCKET, name)["size"])
+            if size != env.meta_files[name]:
+                raise WrongBytes(f"{name}: size {size}, expected {env.meta_files[name]}")
+
+        done = 0
+        for key in ("meta.stat_cold", "meta.stat_warm"):
+            start = time.monotonic()
+            deadline = start + sizes.meta_stat_seconds
+            count = 0
+            todo = names if key == "meta.stat_cold" else names[:done]
+            batch = direct.threads * 8
+            for first in range(0, len(todo), batch):
+                chunk = todo[first : first + batch]
+                direct.map(stat, chunk)
+                count += len(chunk)
+                if key == "meta.stat_cold" and time.monotonic() > deadline:
+                    break
+            elapsed = time.monotonic() - start
+            done = count
+            note = "parallel object GETs" + (", no cache" if key == "meta.stat_warm" else "")
+            cell.record(key, count / elapsed, note, count=count, seconds=elapsed)
+        for key in ("meta.ls_cold", "meta.ls_warm"):
+            start = time.monotonic()
+            items = direct.walk(META_BUCKET)
+            elapsed = time.monotonic() - start
+            files = {i["name"]: int(i["size"]) for i in items if not i["name"].endswith("/")}
+            if files != env.meta_files:
+                raise WrongBytes(
+                    f"listing found {len(files)} objects, expected {len(env.meta_files)}"
+                )
+            entries = len(files) + len(env.meta_dirs)
+            note = "parallel listings per prefix" + (", no cache" if key == "meta.ls_warm" else "")
+            cell.record(key, entries / elapsed, note, entries=entries, seconds=elapsed)
+        bucket = cell.scratch_bucket()
+        small = self._small_files(cell)
+        start = time.monotonic()
+        direct.upload_many(bucket, list(small.items()))
+        elapsed = time.monotonic() - start
+        cell.wait_durable(bucket, {n: crc32c_b64(d) for n, d in small.items()}, "c/")
+        cell.record("meta.create", len(small) / elapsed, "parallel uploads", seconds=elapsed)
+        cell.record("meta.create_durable", len(small) / elapsed, seconds=elapsed)
+
+
+# -- 7. checkpoint ---------------------------------------------------------------------------
+
+
+class Checkpoint(Workload):
+    """Save N shards + metadata.json (parallel writers, fsync each, as torch DCP does),
+    then restore everything after a remount and verify it."""
+
+    name = "ckpt"
+    title = "checkpoint save / restore"
+    metrics = (
+        Metric("ckpt.save", "checkpoint save, until close()", "MB/s", limit="local"),
+        Metric("ckpt.durable", "checkpoint save, until durable", "MB/s", limit="gcs"),
+        Metric("ckpt.restore", "checkpoint restore after remount", "MB/s", limit="local"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        assert env.pool is not None
+        step = "ckpt/step-100"
+        shards = {
+            f"{step}/shard-{i:05d}-of-{sizes.ckpt_shards:05d}.distcp": env.pool.slice(
+                i * sizes.ckpt_shard_bytes + 12345, sizes.ckpt_shard_bytes
+            )
+            for i in range(sizes.ckpt_shards)
+        }
+        meta_doc = json.dumps(
+            {"step": 100, "shards": {n: crc32c_b64(d) for n, d in shards.items()}}, indent=1
+        ).encode()
+        metadata = {f"{step}/metadata.json": memoryview(meta_doc)}
+        everything = {**shards, **metadata}
+        total = sum(len(d) for d in everything.values())
+        expected = {n: crc32c_b64(d) for n, d in everything.items()}
+        bucket = cell.scratch_bucket()
+        buffers = {name: bytearray(len(data)) for name, data in shards.items()}
+        views = {name: memoryview(buffer) for name, buffer in buffers.items()}
+
+        if system.kind == "direct":
+            direct = cell.direct
+            start = time.monotonic()
+            direct.upload_many(bucket, list(shards.items()))
+            direct.upload_many(bucket, list(metadata.items()))
+            saved = time.monotonic() - start
+            cell.wait_durable(bucket, expected, "ckpt/")
+            start = time.monotonic()
+            doc = json.loads(direct.read_range(bucket, f"{step}/metadata.json", 0, len(meta_doc)))
+            direct.download_many(bucket, [(n, views[n]) for n in doc["shards"]])
+            restored = time.monotonic() - start
+            self._verify(shards, buffers, "gs://" + bucket)
+            cell.record("ckpt.save", rate(total, saved), "parallel uploads", seconds=saved)
+            cell.record("ckpt.durable", rate(total, saved), seconds=saved)
+            cell.record("ckpt.restore", rate(total, restored), "parallel ranged GETs")
+            return
+
+        root = system.mount(bucket)
+        assert root is not None
+        (root / step).mkdir(parents=True)
+        block = sizes.io_block_bytes
+        with concurrent.futures.ThreadPoolExecutor(sizes.ckpt_writers) as pool:
+            start = time.monotonic()
+            list(
+                pool.map(
+                    lambda item: write_file(root / item[0], item[1], block, fsync=True),
+                    shards.items(),
+                )
+            )
+            for name, data in metadata.items():
+                write_file(root / name, data, block, fsync=True)
+            saved = time.monotonic() - start
+            if system.kind == "local":
+                fsync_dir(root / step)
+                durable = time.monotonic() - start
+            else:
+                cell.wait_durable(bucket, expected, "ckpt/")
+                durable = time.monotonic() - start
+            root = system.remount()
+            assert root is not None
+            start = time.monotonic()
+            doc = json.loads((root / step / "metadata.json").read_bytes())
+
+            def restore(name: str) -> None:
+                got = read_file_into(root / name, views[name], block)
+                if got != len(views[name]):
+                    raise WrongBytes(f"{name}: read {got} bytes, expected {len(views[name])}")
+
+            list(pool.map(restore, doc["shards"]))
+            restored = time.monotonic() - start
+        self._verify(shards, buffers, system.name)
+        cell.record("ckpt.save", rate(total, saved), seconds=saved)
+        cell.record("ckpt.durable", rate(total, durable), seconds=durable)
+        cell.record("ckpt.restore", rate(total, restored), seconds=restored)
+
+    @staticmethod
+    def _verify(shards: dict[str, memoryview], got: dict[str, bytearray], where: str) -> None:
+        for name, data in shards.items():
+            check(f"{where}:{name}", got[name], data)
+
+
+WORKLOADS: dict[str, type[Workload]] = {
+    cls.name: cls for cls in (SeqWrite, SeqRead, RandRead, Metadata, Checkpoint)
+}
+
+RSS = Metric("rss", "daemon peak RSS (VmHWM)", "MiB", higher_is_better=False, limit=None)
