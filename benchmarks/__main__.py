@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks import report
 from benchmarks.env import FULL, PROFILES, QUICK, Env, Sizes
 from benchmarks.runner import Runner
-from benchmarks.systems import SYSTEMS
+from benchmarks.systems import DEFAULT_SYSTEMS, SYSTEMS
 from benchmarks.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (bench-quick)")
     parser.add_argument("--profiles", default=",".join(PROFILES), help="plain,shaped")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=",".join(SYSTEMS))
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=",".join(WORKLOADS))
     parser.add_argument("--delay-ms", type=float, default=20.0, help="shaped: delay per request")
     parser.add_argument("--rate-mbs", type=float, default=200.0, help="shaped: MB/s per connection")

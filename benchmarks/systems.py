@@ -252,6 +252,16 @@ class TierfsCheckpoint(Tierfs):
         return ["-o", CHECKPOINT_OPTIONS, f"--cache-dir={cache_dir}"]
 
 
+class TierfsCheckpointSerial(TierfsCheckpoint):
+    """The checkpointing line with parallel downloads off: the A/B for issue 5's goal."""
+
+    name = "tierfs-ckpt-serial"
+    description = "tierfs-ckpt, --file-cache-enable-parallel-downloads=false"
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return [*super().options(cache_dir), "--file-cache-enable-parallel-downloads=false"]
+
+
 class Rclone(FuseSystem):
     """``rclone mount --vfs-cache-mode full`` on its GCS backend, pointed at the same endpoint.
 
@@ -384,5 +394,16 @@ class GcsDirect(System):
 
 
 SYSTEMS: dict[str, type[System]] = {
-    cls.name: cls for cls in (Tierfs, TierfsCheckpoint, Rclone, GcsDirect, LocalDir, Tmpfs)
+    cls.name: cls
+    for cls in (
+        Tierfs,
+        TierfsCheckpoint,
+        TierfsCheckpointSerial,
+        Rclone,
+        GcsDirect,
+        LocalDir,
+        Tmpfs,
+    )
 }
+# Run by `make bench`; the others on request (--systems).
+DEFAULT_SYSTEMS = ("tierfs", "tierfs-ckpt", "rclone", "gcs-direct", "local", "tmpfs")
