@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
 from tierfs.filesystem import Filesystem, Settings
@@ -181,3 +183,32 @@ async def test_list_cache_off_by_default(tmp_path: Path) -> None:
     assert await listing(fs) == {"a"}
     bucket.put("b", b"2")
     assert await listing(fs) == {"a", "b"}
+
+
+async def test_metadata_prefetch_lists_a_directory_once_per_ttl(tmp_path: Path) -> None:
+    bucket = MemoryBucket("meta")
+    clock = Clock()
+    for i in range(30):
+        bucket.put(f"d/f{i}", b"x")
+    bucket.put("d/", b"")
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path), metadata_prefetch_entries=10),
+            monotonic_s=clock,
+            spawn=nursery.start_soon,
+        )
+        d = await fs.lookup(ROOT_INO, "d")
+        await fs.lookup(d.ino, "f0")  # first lookup in d: lists d in the background
+        await trio.testing.wait_all_tasks_blocked()
+        lists = bucket.statistics()["lists"]
+        before = requests(bucket)
+        # The first 10 entries are 'd/' and the first 9 names in GCS order; the last of a
+        # cut listing is not trusted, so the first 8 names are cached.
+        names = sorted(f"f{i}" for i in range(30))[:8]
+        for name in names:
+            await fs.lookup(d.ino, name)
+        assert bucket.statistics()["lists"] == lists  # listed once per TTL
+        assert requests(bucket) == before  # every sibling came from the cache
+        await fs.lookup(d.ino, sorted(f"f{i}" for i in range(30))[20])
+        assert requests(bucket) > before  # beyond the prefetch limit: asked GCS

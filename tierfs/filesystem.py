@@ -88,6 +88,7 @@ class Settings:
     read_ahead_bytes: int = 32 << 20  # sequential prefetch depth (bounded by the RAM tier)
     metadata_prefetch: bool = True  # list a directory in the background on its first lookup
     metadata_prefetch_workers: int = 10
+    metadata_prefetch_entries: int = 5000
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
 
@@ -120,6 +121,7 @@ class Settings:
             list_ttl_s=ttl_s(config["file-system:kernel-list-cache-ttl-secs"]),
             metadata_prefetch=config["metadata-cache:enable-metadata-prefetch"],
             metadata_prefetch_workers=config["metadata-cache:metadata-prefetch-max-workers"],
+            metadata_prefetch_entries=config["metadata-cache:metadata-prefetch-entries-limit"],
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
@@ -275,7 +277,7 @@ class Filesystem:
     async def _list_in_background(self, dir_path: str) -> None:
         try:
             async with self._prefetch_limiter:
-                await self.names.list_dir(dir_path)
+                await self.names.prefetch(dir_path, self.settings.metadata_prefetch_entries)
         except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
             log.debug("metadata prefetch of %r failed: %s", dir_path, err)
 

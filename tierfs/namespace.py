@@ -217,9 +217,17 @@ class Namespace:
             self.listings[path] = listing
         return listing
 
-    async def _list_dir(self, path: str) -> DirListing:
+    async def prefetch(self, path: str, max_entries: int) -> None:
+        """Fill the metadata cache from (the first ``max_entries`` of) a directory's listing
+        (-1: all), without keeping the listing itself."""
+        await self._list_dir(path, None if max_entries < 0 else max(1, max_entries))
+
+    async def _list_dir(self, path: str, max_results: int | None = None) -> DirListing:
         prefix = self.dir_object(path)
-        listing = await self.bucket.list(prefix, delimiter="/")
+        listing = await self.bucket.list(prefix, delimiter="/", max_results=max_results)
+        truncated = max_results is not None and (
+            len(listing.objects) + len(listing.prefixes) >= max_results
+        )
         dirs = []
         for sub in listing.prefixes:
             part = sub[len(prefix) : -1]
@@ -233,7 +241,9 @@ class Namespace:
                 continue  # the placeholder itself (''), or a name no path can hold
             entry = part + CONFLICT_SUFFIX if part in dir_set else part
             files.append((entry, info))
-            if self.cache is not None:
+            last = info is listing.objects[-1]
+            if self.cache is not None and not (truncated and last):
+                # (A cut listing may end between 'foo' and 'foo/': the last file is unsure.)
                 self.cache.put(self.child_path(path, entry), Found(False, info))
         if self.implicit_dirs and self.cache is not None:
             for part in dirs:  # without implicit-dirs a prefix alone is not a directory
