@@ -122,3 +122,23 @@ def test_new_generation_is_read_once_metadata_expires(
     assert (mount.path / "f").read_bytes() == b"version one" * 1000
     upload(gcs_client, bucket_name, "f", b"version two!" * 1000)
     assert (mount.path / "f").read_bytes() == b"version two!" * 1000
+
+
+def test_written_files_are_read_back_from_the_ssd_tier_after_remount(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """A checkpoint saved through the mount restores from local disk after a remount."""
+    cache = tmp_path / "cache"
+    mount = mount_factory(f"--cache-dir={cache}", name="save")
+    shards = {f"step-1/shard-{i}": os.urandom(9 * MiB + i) for i in range(3)}
+    (mount.path / "step-1").mkdir()
+    for name, data in shards.items():
+        (mount.path / name).write_bytes(data)
+    for name, data in shards.items():  # in GCS, byte-identical
+        assert gcs_client.bucket(bucket_name).blob(name).download_as_bytes() == data
+    assert mount.unmount().returncode == 0  # waits for the daemon, so the cache copy is done
+    drop_page_cache()
+    again = mount_factory(f"--cache-dir={cache}", name="restore")
+    for name, data in shards.items():
+        assert (again.path / name).read_bytes() == data
+    assert stats(again)["gcs"]["media_reads"] == 0

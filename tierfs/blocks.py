@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,7 @@ class Blocks:
         self.shared_waits = 0
         self.fills = 0
         self.crc_mismatches = 0
+        self.stored_local = 0
         self.tier_errors = 0
 
     def blocks_of(self, size: int) -> int:
@@ -150,6 +152,33 @@ class Blocks:
             self.tier_errors += 1
             log.warning("%s tier failed to store %s: %s", tier.name, key, err)
 
+    async def store_local(
+        self,
+        fd: int,
+        name: str,
+        generation: int,
+        size: int,
+        unchanged: Callable[[], bool],
+    ) -> None:
+        """Put a just-uploaded local file into the persistent tiers under its new generation,
+        so a restore after a remount reads the disk, not GCS. ``unchanged`` says whether the
+        file still holds exactly what was uploaded; if it stops doing so, the copy is dropped.
+        """
+        persistent = [tier for tier in self.tiers if tier.name == "ssd"]
+        if not persistent:
+            return
+        for index in range(self.blocks_of(size)):
+            offset = index * self.block_size
+            length = min(self.block_size, size - offset)
+            data = await trio.to_thread.run_sync(os.pread, fd, length, offset)
+            if len(data) != length or not unchanged():
+                for tier in persistent:
+                    await tier.discard(name, generation)
+                return
+            for tier in persistent:
+                await self._put(tier, BlockKey(name, generation, index), data)
+        self.stored_local += 1
+
     async def fill(self, name: str, generation: int, size: int, crc32c: str | None) -> None:
         """Bring a whole object into the tiers with up to ``per_file`` parallel downloads."""
         job = (name, generation)
@@ -192,6 +221,7 @@ class Blocks:
             "shared_waits": self.shared_waits,
             "whole_object_fills": self.fills,
             "crc_mismatches": self.crc_mismatches,
+            "uploads_cached": self.stored_local,
             "tier_errors": self.tier_errors,
             "tiers": {tier.name: tier.statistics() for tier in self.tiers},
         }

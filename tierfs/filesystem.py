@@ -554,11 +554,34 @@ class Filesystem:
             self.names.forget(inode.path)
             raise
         self.names.learned(inode.path, Found(False, info))
+        if self.spawn is not None and self.settings.file_cache:
+            self._cache_upload(staged, object_name, info)
         inode.generation = info.generation
         inode.metageneration = info.metageneration
         inode.size = info.size
         inode.metadata = dict(info.metadata)
         inode.crc32c = info.crc32c
+
+    def _cache_upload(self, staged: Staged, object_name: str, info: ObjectInfo) -> None:
+        """Keep what was just uploaded in the SSD tier too (in the background, from a dup of
+        the staged file, which may be closed meanwhile), unless it is written again first."""
+        assert self.spawn is not None
+        version = staged.uploaded_version  # what the file held when the upload began
+        if staged.version != version:
+            return  # written during the upload: the object is not what the file holds
+        fd = os.dup(staged.fd)
+
+        async def store() -> None:
+            try:
+                await self.blocks.store_local(
+                    fd, object_name, info.generation, info.size, lambda: staged.version == version
+                )
+            except Exception as err:  # a cache that could not be filled is only a miss later
+                log.warning("could not cache the upload of gs://%s: %s", object_name, err)
+            finally:
+                os.close(fd)
+
+        self.spawn(store)
 
     async def _stage(self, inode: Inode, length: int) -> None:
         """Give a clean file inode a local copy of (the first ``length`` bytes of) its object."""
