@@ -19,7 +19,7 @@ line never fails; ``effect`` says what tierfs does with them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -47,7 +47,6 @@ class Option:
     effect: str = USED
     minimum: float | None = None
     maximum: float | None = None
-    choices_note: str = field(default="", repr=False)
 
     @property
     def section(self) -> str:

@@ -75,7 +75,6 @@ class Settings:
     entry_timeout_s: float = 0.0
     temp_dir: str = ""
     rename_dir_limit: int = 0
-    sequential_read_bytes: int = 200 << 20
     implicit_dirs: bool = False
     only_dir: str = ""
     read_only: bool = False
@@ -108,7 +107,6 @@ class Settings:
             entry_timeout_s=attr_timeout,
             temp_dir=config["file-system:temp-dir"],
             rename_dir_limit=config["file-system:rename-dir-limit"],
-            sequential_read_bytes=config["gcs-connection:sequential-read-size-mb"] << 20,
             implicit_dirs=config["implicit-dirs"],
             only_dir=config["only-dir"],
             read_only="ro" in config.fuse_options,

@@ -11,7 +11,7 @@ is skipped or repeated: the FUSE readdir contract).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tierfs.blocks import BlockReader
@@ -32,7 +32,6 @@ class DirHandle:
     fh: int
     inode: Inode
     entries: list[tuple[str, Inode]] | None = None
-    listed: set[int] = field(default_factory=set)
 
 
 H = TypeVar("H", FileHandle, DirHandle)
