@@ -155,6 +155,52 @@ class Table:
         return header, rows
 
 
+# Ratios between two cells that a goal is stated in (issue 5), printed under the tables:
+# (label, profile, (system, metric), (system, metric)).
+COMPARISONS: tuple[tuple[str, str, tuple[str, str], tuple[str, str]], ...] = (
+    ("warm re-read, tierfs / local disk", "plain", ("tierfs", "read.warm"), ("local", "read.warm")),
+    (
+        "read after remount (SSD tier), tierfs-ckpt / local disk",
+        "plain",
+        ("tierfs-ckpt", "read.remount"),
+        ("local", "read.remount"),
+    ),
+    (
+        "cold read, parallel / serial downloads (shaped link)",
+        "shaped",
+        ("tierfs-ckpt", "read.cold"),
+        ("tierfs-ckpt-serial", "read.cold"),
+    ),
+    (
+        "ls -lR warm, tierfs-lists / rclone",
+        "plain",
+        ("tierfs-lists", "meta.ls_warm"),
+        ("rclone", "meta.ls_warm"),
+    ),
+    (
+        "ls -lR warm, tierfs-lists / rclone (shaped link)",
+        "shaped",
+        ("tierfs-lists", "meta.ls_warm"),
+        ("rclone", "meta.ls_warm"),
+    ),
+)
+
+
+def comparisons(tables: Sequence[Table]) -> list[str]:
+    """One line per comparison whose two cells were both measured in this run."""
+    by_profile = {t.profile: t for t in tables}
+    lines = []
+    for label, profile, (sys_a, key_a), (sys_b, key_b) in COMPARISONS:
+        table = by_profile.get(profile)
+        if table is None:
+            continue
+        mine, theirs = table.value(sys_a, key_a), table.value(sys_b, key_b)
+        if mine is None or not theirs:
+            continue
+        lines.append(f"{label}: {_fmt(mine)} / {_fmt(theirs)} = {mine / theirs:.2f}")
+    return lines
+
+
 def terminal(tables: Sequence[Table], meta: dict[str, Any]) -> str:
     out = []
     for table in tables:
@@ -184,6 +230,8 @@ def terminal(tables: Sequence[Table], meta: dict[str, Any]) -> str:
             + " / ".join(tables[0].variants)
             + "; limit = gcs-direct (gcs) or local disk (local); RSS ratio: lower is better"
         )
+    for line in comparisons(tables):
+        out.append("  " + line)
     return "\n".join(out)
 
 
@@ -214,6 +262,9 @@ def markdown(tables: Sequence[Table], meta: dict[str, Any]) -> str:
             "Ratios are " + " / ".join(tables[0].variants) + " over the limit (gcs = gcs-direct,"
             " local = local disk) and over rclone; for RSS lower is better."
         )
+    lines = comparisons(tables)
+    if lines:
+        out += ["", "Comparisons:", ""] + [f"- {line}" for line in lines]
     out.append("")
     out.append("Sizes: " + meta["sizes_text"])
     return "\n".join(out) + "\n"

@@ -73,6 +73,8 @@ class Runner:
                 workload = WORKLOADS[workload_name]
                 for system_name in self.systems:
                     system_cls = SYSTEMS[system_name]
+                    if system_cls.only and workload_name not in system_cls.only:
+                        continue
                     if not system_cls.network and index > 0:
                         self._copy(system_name, workload, self.profiles[0], profile)
                         continue

@@ -73,6 +73,9 @@ class System:
     description: ClassVar[str] = ""
     kind: ClassVar[str] = "fuse"
     network: ClassVar[bool] = True
+    # The workloads this system runs (empty: all). A variant that exists for one A/B
+    # comparison runs only there; its other cells show "-".
+    only: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, env: Env, profile: str) -> None:
         self.env = env
@@ -253,13 +256,28 @@ class TierfsCheckpoint(Tierfs):
 
 
 class TierfsCheckpointSerial(TierfsCheckpoint):
-    """The checkpointing line with parallel downloads off: the A/B for issue 5's goal."""
+    """The checkpointing line with parallel downloads off: the A/B for parallel downloads
+    (cold reads, with and without, on the same link)."""
 
     name = "tierfs-ckpt-serial"
     description = "tierfs-ckpt, --file-cache-enable-parallel-downloads=false"
+    only = ("read",)
 
     def options(self, cache_dir: Path) -> list[str]:
         return [*super().options(cache_dir), "--file-cache-enable-parallel-downloads=false"]
+
+
+class TierfsListCache(Tierfs):
+    """Listings kept as rclone keeps them (its --dir-cache-time is 5 minutes): the kernel
+    list cache and the stat cache on. With tierfs's defaults (gcsfuse's), every readdir
+    lists GCS again, so a "warm" ``ls -lR`` is a cold one."""
+
+    name = "tierfs-lists"
+    description = "tierfs, --kernel-list-cache-ttl-secs=300 --metadata-cache-ttl-secs=-1"
+    only = ("meta",)
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return ["--kernel-list-cache-ttl-secs=300", "--metadata-cache-ttl-secs=-1"]
 
 
 class Rclone(FuseSystem):
@@ -399,11 +417,21 @@ SYSTEMS: dict[str, type[System]] = {
         Tierfs,
         TierfsCheckpoint,
         TierfsCheckpointSerial,
+        TierfsListCache,
         Rclone,
         GcsDirect,
         LocalDir,
         Tmpfs,
     )
 }
-# Run by `make bench`; the others on request (--systems).
-DEFAULT_SYSTEMS = ("tierfs", "tierfs-ckpt", "rclone", "gcs-direct", "local", "tmpfs")
+# Run by `make bench` (and --quick); any other on request (--systems).
+DEFAULT_SYSTEMS = (
+    "tierfs",
+    "tierfs-ckpt",
+    "tierfs-ckpt-serial",
+    "tierfs-lists",
+    "rclone",
+    "gcs-direct",
+    "local",
+    "tmpfs",
+)

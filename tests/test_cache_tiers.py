@@ -18,6 +18,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tierfs.blocks import Blocks
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import (
@@ -31,6 +32,7 @@ from tierfs.cache.ssd import (
     _header,
     capacity_for,
 )
+from tierfs.storage.memory import MemoryBucket
 
 BUCKET = "bkt"
 BLOCK = 64 * 1024
@@ -608,7 +610,7 @@ async def test_ssd_auto_capacity_keeps_what_the_cache_already_holds(
     assert capacity_for(tmp_path, -1) == 8192
 
 
-@pytest.mark.parametrize("failing", ["write", "fdatasync", "replace"])
+@pytest.mark.parametrize("failing", ["open", "write", "replace"])
 async def test_ssd_disk_full_is_logged_counted_and_leaves_nothing(
     tmp_path: Path, failing: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -652,3 +654,51 @@ async def test_ssd_unreadable_block_is_dropped(
     stats = ssd.statistics()
     assert (stats["errors"], stats["corrupt"], stats["entries"]) == (1, 0, 0)
     assert not ssd.path_of(key).exists()
+
+
+# -- Blocks over the tiers ---------------------------------------------------------------------
+
+
+async def blocks_over(bucket: MemoryBucket, tmp_path: Path, block: int) -> Blocks:
+    ssd = await open_ssd(tmp_path, max_bytes=MiB, block_size=block)
+    return Blocks(bucket, [RamTier(MiB), ssd], block_size=block, downloads=trio.CapacityLimiter(4))
+
+
+async def test_fill_of_an_object_the_ssd_tier_holds_reads_nothing(tmp_path: Path) -> None:
+    bucket = MemoryBucket()
+    data = os.urandom(10 * 4096 + 100)
+    info = bucket.put("obj", data)
+    first = await blocks_over(bucket, tmp_path, 4096)
+    await first.fill("obj", info.generation, len(data), None)
+    assert first.gcs_blocks == 11
+    # A remount: empty RAM tier, the same cache dir.
+    again = await blocks_over(bucket, tmp_path, 4096)
+    await again.fill("obj", info.generation, len(data), None)
+    ram, ssd = again.tiers
+    assert again.gcs_blocks == 0
+    assert ssd.statistics()["hits"] == 0  # not one block file was read
+    assert ram.statistics()["used_bytes"] == 0  # nor pushed into RAM
+    key = BlockKey("obj", info.generation, 10)
+    assert await again.get(key, len(data)) == data[40960:]
+
+
+async def test_concurrent_gets_share_one_read_of_a_block_file(tmp_path: Path) -> None:
+    bucket = MemoryBucket()
+    data = os.urandom(4096)
+    info = bucket.put("obj", data)
+    first = await blocks_over(bucket, tmp_path, 4096)
+    await first.fill("obj", info.generation, len(data), None)
+    again = await blocks_over(bucket, tmp_path, 4096)
+    key = BlockKey("obj", info.generation, 0)
+    got: list[bytes] = []
+
+    async def get() -> None:
+        got.append(await again.get(key, len(data)))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(get)
+    assert got == [data] * 5
+    assert again.tiers[1].statistics()["hits"] == 1
+    assert again.shared_waits == 4
+    assert again.gcs_blocks == 0

@@ -84,17 +84,29 @@ class Blocks:
     async def get(self, key: BlockKey, object_size: int) -> bytes:
         """The block's bytes (short for the last block of an object)."""
         while True:
-            data = await self._from_tiers(key)
-            if data is not None:
-                return data
             flight = self._inflight.get(key)
             if flight is None:
-                return await self._download(key, object_size)
+                return await self._fetch(key, object_size)
             self.shared_waits += 1
             await flight.done.wait()
             if flight.data is not None:
                 return flight.data
-            # That download failed or was cancelled: try again ourselves.
+            # That fetch failed or was cancelled: try again ourselves.
+
+    async def _fetch(self, key: BlockKey, object_size: int) -> bytes:
+        """From the tiers, else GCS; registered in flight throughout, so that a reader that
+        catches up with the prefetcher waits for its read (of the SSD tier too) instead of
+        reading the same block file a second time."""
+        flight = self._inflight[key] = _Flight()
+        try:
+            data = await self._from_tiers(key)
+            if data is None:
+                data = await self._download(key, object_size)
+            flight.data = data
+            return data
+        finally:
+            del self._inflight[key]
+            flight.done.set()
 
     async def cached(self, key: BlockKey, object_size: int) -> bytes | None:
         """The block if a tier holds it (or a download of it is under way), else None."""
@@ -127,23 +139,17 @@ class Blocks:
         return None
 
     async def _download(self, key: BlockKey, object_size: int) -> bytes:
-        flight = self._inflight[key] = _Flight()
-        try:
-            offset = key.index * self.block_size
-            length = max(0, min(self.block_size, object_size - offset))
-            async with self.downloads:
-                data = await self.bucket.read(
-                    key.name, generation=key.generation, offset=offset, length=length
-                )
-            self.gcs_blocks += 1
-            self.gcs_bytes += len(data)
-            for tier in self.tiers:
-                await self._put(tier, key, data)
-            flight.data = data
-            return data
-        finally:
-            del self._inflight[key]
-            flight.done.set()
+        offset = key.index * self.block_size
+        length = max(0, min(self.block_size, object_size - offset))
+        async with self.downloads:
+            data = await self.bucket.read(
+                key.name, generation=key.generation, offset=offset, length=length
+            )
+        self.gcs_blocks += 1
+        self.gcs_bytes += len(data)
+        for tier in self.tiers:
+            await self._put(tier, key, data)
+        return data
 
     async def _put(self, tier: Tier, key: BlockKey, data: bytes) -> None:
         try:
@@ -187,16 +193,24 @@ class Blocks:
         self._filling.add(job)
         self.fills += 1
         try:
-            indices = iter(range(self.blocks_of(size)))
+            # The slowest tier is where the object is meant to end up; blocks it already
+            # holds are not read at all (reading a cached object whole into RAM would only
+            # push out the blocks its reader is about to use).
+            keep = self.tiers[-1]
+            keys = [BlockKey(name, generation, i) for i in range(self.blocks_of(size))]
+            missing = [key for key in keys if not keep.holds(key)]
+            todo = iter(missing)
 
             async def worker() -> None:
-                for index in indices:
-                    await self.get(BlockKey(name, generation, index), size)
+                for key in todo:
+                    data = await self.get(key, size)
+                    if not keep.holds(key):  # a hit in a faster tier: store it down too
+                        await self._put(keep, key, data)
 
             async with trio.open_nursery() as nursery:
-                for _ in range(min(self.per_file, self.blocks_of(size))):
+                for _ in range(min(self.per_file, len(keys))):
                     nursery.start_soon(worker)
-            if self.check_crc and crc32c:
+            if self.check_crc and crc32c and missing:
                 await self._verify(name, generation, size, crc32c)
         except NotFound:
             log.debug("gs://%s#%d changed while being cached", name, generation)

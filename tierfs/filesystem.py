@@ -355,9 +355,8 @@ class Filesystem:
         if handle.entries is None or start == 0:
             handle.entries = await self._list(handle.inode)
         return [
-            (name, inode, index + 1)
-            for index, (name, inode) in enumerate(handle.entries)
-            if index >= start
+            (name, inode, index)
+            for index, (name, inode) in enumerate(handle.entries[start:], start + 1)
         ]
 
     def releasedir(self, fh: int) -> None:

@@ -90,6 +90,9 @@ class InodeTable:
         root = Inode(ROOT_INO, Kind.DIR, "", mtime_ns=root_mtime_ns, lookups=1)
         self.by_ino: dict[int, Inode] = {ROOT_INO: root}
         self.by_path: dict[str, Inode] = {"": root}
+        # by_path again, grouped by parent directory, so a listing finds its local
+        # children without scanning every inode (``ls -lR`` of a big tree is O(n), not O(n^2)).
+        self._by_parent: dict[str, dict[str, Inode]] = {}
 
     def __getitem__(self, ino: int) -> Inode:
         return self.by_ino[ino]
@@ -105,7 +108,7 @@ class InodeTable:
         inode = Inode(next(self._numbers), kind, path, **attrs)  # type: ignore[arg-type]
         self.by_ino[inode.ino] = inode
         old = self.by_path.get(path)
-        self.by_path[path] = inode
+        self._set(path, inode)
         if old is not None:
             self._maybe_drop(old)
         return inode
@@ -113,7 +116,7 @@ class InodeTable:
     def detach(self, inode: Inode) -> None:
         """``inode`` no longer stands for its path (unlinked, rmdir'd or replaced)."""
         if self.by_path.get(inode.path) is inode:
-            del self.by_path[inode.path]
+            self._unset(inode.path)
         self._maybe_drop(inode)
 
     def move(self, inode: Inode, new_path: str) -> None:
@@ -125,11 +128,11 @@ class InodeTable:
             moved += [i for p, i in self.by_path.items() if prefix and p.startswith(prefix)]
         for item in moved:
             if self.by_path.get(item.path) is item:
-                del self.by_path[item.path]
+                self._unset(item.path)
         for item in moved:
             item.path = new_path + item.path[len(old_path) :]
             displaced = self.by_path.get(item.path)
-            self.by_path[item.path] = item
+            self._set(item.path, item)
             if displaced is not None and displaced is not item:
                 self._maybe_drop(displaced)
 
@@ -149,12 +152,7 @@ class InodeTable:
 
     def children(self, dir_path: str) -> list[Inode]:
         """Current inodes directly below ``dir_path``."""
-        prefix = dir_path + "/" if dir_path else ""
-        return [
-            i
-            for p, i in self.by_path.items()
-            if p and p.startswith(prefix) and "/" not in p[len(prefix) :]
-        ]
+        return list(self._by_parent.get(dir_path, {}).values())
 
     def below(self, dir_path: str) -> list[Inode]:
         prefix = dir_path + "/" if dir_path else ""
@@ -167,8 +165,23 @@ class InodeTable:
             # Still the current inode of its path: keep it only while it holds local state.
             if inode.local_only:
                 return
-            del self.by_path[inode.path]
+            self._unset(inode.path)
         self.by_ino.pop(inode.ino, None)
+
+    def _set(self, path: str, inode: Inode) -> None:
+        self.by_path[path] = inode
+        if path:
+            parent, _, name = path.rpartition("/")
+            self._by_parent.setdefault(parent, {})[name] = inode
+
+    def _unset(self, path: str) -> None:
+        del self.by_path[path]
+        parent, _, name = path.rpartition("/")
+        siblings = self._by_parent.get(parent)
+        if siblings is not None:
+            siblings.pop(name, None)
+            if not siblings:
+                del self._by_parent[parent]
 
     def __len__(self) -> int:
         return len(self.by_ino)

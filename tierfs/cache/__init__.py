@@ -36,6 +36,11 @@ class Tier(Protocol):
         """The block's bytes, or None on a miss (also when the stored copy is damaged)."""
         ...
 
+    def holds(self, key: BlockKey) -> bool:
+        """Whether the tier has the block, from its index alone (no I/O, no recency change):
+        a whole-object fill skips what is already cached instead of reading it."""
+        ...
+
     async def put(self, key: BlockKey, data: bytes) -> None:
         """Store one block (may evict others; never raises for lack of space)."""
         ...

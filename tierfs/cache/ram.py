@@ -82,6 +82,9 @@ class RamTier:
         self._bytes_read += len(data)
         return data
 
+    def holds(self, key: BlockKey) -> bool:
+        return key in self._blocks
+
     async def put(self, key: BlockKey, data: bytes) -> None:
         if not data or len(data) > self._max_bytes:
             return

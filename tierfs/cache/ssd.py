@@ -33,26 +33,27 @@ File format (little-endian)::
     index                  u64
     block_size             u64
     length                 u64  payload bytes (<= block_size)
-    crc32                  u32  zlib.crc32 of the payload
+    crc32c                 u32  CRC32C of the payload (google_crc32c: hardware, ~11 GB/s)
     name                   name_len bytes
     payload                length bytes
 
 A get checks every header field against the key it asked for, that the file is
-exactly header + name + payload long, and the CRC32 of the payload. Any mismatch, a
+exactly header + name + payload long, and the CRC32C of the payload. Any mismatch, a
 short file or a file that is not ours (a symlink is not followed) is counted as
 ``corrupt``, deleted, and answered as a miss: the reader fetches the block again
 from GCS. A file that cannot be read at all (EIO...) is counted in ``errors`` and
 dropped the same way.
 
 Crash guarantee. A block is written to ``.tmp-<file name>-<random>`` in its final
-directory, fdatasync'd, then published with ``os.replace``. The directory is not
-fsync'd (that would double the cost of a put), so a crash can lose the last
-published names: the block is then simply absent (a miss), and the orphaned
-temporary files are deleted at the next `open`. A name is never published before
-its bytes are on disk, so after a crash a published name shows the complete file.
-Correctness does not rest on that ordering, though: if the filesystem or disk breaks
-it, or bits rot, or someone edits a file, the header and CRC checks catch it (CRC32
-misses random damage with probability 2**-32) and the damaged copy is never served.
+directory, then published with ``os.replace``; neither the file nor the directory is
+fsync'd. A daemon crash (kill -9) loses nothing the kernel already holds. A machine
+crash can lose recent names (the block is then absent: a miss) or publish a name
+whose bytes never reached the disk: the header and CRC checks catch that, as they
+catch a broken disk, bit rot or someone editing a file (CRC32C misses random damage
+with probability 2**-32), and the damaged copy is never served. Orphaned temporary
+files are deleted at the next `open`. (An fdatasync per block halved the write rate
+on the benchmark machine, 237 vs 539 MB/s, and bought no correctness the checks do
+not already give.)
 What the tier does not resist is a deliberate forgery with a valid header and CRC;
 hence the 0700 directories. Recency survives restarts too: a hit sets the file's
 mtime, and `open` orders the rebuilt LRU by it (a crash may lose a few of those
@@ -91,11 +92,11 @@ import os
 import re
 import secrets
 import struct
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import google_crc32c
 import trio
 
 from tierfs.cache import BlockKey
@@ -119,7 +120,7 @@ GiB = 1 << 30
 AUTO = -1
 """``max_bytes``/``max_size_mb`` value: the volume's free space less `safety_margin`."""
 CACHE_DIR_NAME = "tierfs-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: CRC32C instead of zlib's CRC32
 MAGIC = b"TFSB"
 HEADER = struct.Struct("<4sHHIQQQQI")
 DEFAULT_MAX_ENTRIES = 1 << 20
@@ -228,7 +229,7 @@ def _header(name: bytes, generation: int, index: int, block_size: int, data: byt
         index,
         block_size,
         len(data),
-        zlib.crc32(data),
+        google_crc32c.value(data),
     )
     return fields + name
 
@@ -258,7 +259,6 @@ def _write_block(
             os.fchmod(fd, _FILE_MODE)
             _write_all(fd, header)
             _write_all(fd, data)
-            os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -290,6 +290,25 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
+_READ_CHUNK = 1 << 20
+
+
+def _read_payload(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` (fewer at end of file), read 1 MiB at a time into one
+    buffer: on the benchmark machine's disk, 1 MiB reads from 4 threads at once ran at
+    1.6-2.0 GB/s where one 8 MiB pread per block ran at about 1.0 GB/s."""
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    got = 0
+    while got < length:
+        count = os.preadv(fd, [view[got : got + _READ_CHUNK]], offset + got)
+        if not count:
+            break
+        got += count
+    view.release()
+    return bytes(buffer) if got == length else bytes(buffer[:got])
+
+
 def _read_block(
     path: Path, name: bytes, generation: int, index: int, block_size: int
 ) -> tuple[str, bytes]:
@@ -317,11 +336,11 @@ def _read_block(
             return "header names another object", b""
         if length > block_size or size != head_size + length:
             return f"wrong length ({size} bytes on disk, header says {length} + header)", b""
-        payload = _pread_exact(fd, length, head_size)
+        payload = _read_payload(fd, length, head_size)
         if len(payload) != length:
             return "short payload", b""
-        if zlib.crc32(payload) != crc:
-            return "CRC32 mismatch", b""
+        if google_crc32c.value(payload) != crc:
+            return "CRC32C mismatch", b""
         try:
             os.utime(fd)
         except OSError:
@@ -547,6 +566,11 @@ class SsdTier:
         if stem in self._index:
             await self._delete([self._forget(stem)])
         return None
+
+    def holds(self, key: BlockKey) -> bool:
+        if not self._max_bytes or not self._wanted(key.name):
+            return False
+        return self._stem(_name_bytes(key.name), key) in self._index
 
     async def put(self, key: BlockKey, data: bytes) -> None:
         self._check_open()
