@@ -590,6 +590,15 @@ SCHEMA: tuple[Option, ...] = (
         "durable in GCS.",
         tierfs=True,
     ),
+    _opt(
+        "write:write-back-delay-secs",
+        _I,
+        0,
+        "With write-back: wait this long after a close before uploading (a file closed and "
+        "written again meanwhile is uploaded once). fsync and 'tierfs sync' never wait.",
+        tierfs=True,
+        minimum=0,
+    ),
     # -- gcs-connection -----------------------------------------------------------------------
     _opt("gcs-connection:custom-endpoint", _S, "", "GCS endpoint URL, e.g. http://127.0.0.1:4443."),
     _opt(

@@ -38,6 +38,7 @@ commands:
   mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
   prefetch PATH...                             warm the tiers for files and directories
   stats [--json] MOUNTPOINT                    hits, misses and bytes per tier; GCS requests
+  sync MOUNTPOINT                              wait until everything written there is in GCS
   unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
   install-helper [--prefix DIR]                install /sbin/mount.tierfs for mount(8) and fstab
@@ -105,6 +106,8 @@ def _main(argv: list[str]) -> int:
         return _unmount(rest)
     if command == "stats":
         return _stats(rest)
+    if command == "sync":
+        return _sync(rest)
     if command == "prefetch":
         from tierfs.prefetch import prefetch
 
@@ -149,6 +152,26 @@ def _stats(argv: list[str]) -> int:
         )
         return 1
     print(json.dumps(data, indent=2) if as_json else render_statistics(data))
+    return 0
+
+
+def _sync(argv: list[str]) -> int:
+    """Exit 0 once every file closed (or written) under the mount is in GCS; else 1 and the
+    first error, one line."""
+    from tierfs.control import request
+
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise UsageError("usage: tierfs sync MOUNTPOINT")
+    try:
+        answer = request(argv[0], "sync", timeout_s=None)
+    except OSError as err:
+        print(
+            f"{PROG}: no tierfs mount answers at {argv[0]}: {err.strerror or err}", file=sys.stderr
+        )
+        return 1
+    if "error" in answer:
+        print(f"{PROG}: sync {argv[0]}: {answer['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

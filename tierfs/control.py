@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,11 @@ def socket_path(mountpoint: str) -> Path:
     return socket_dir() / f"{digest}.sock"
 
 
-async def serve_statistics(mountpoint: str, statistics: Callable[[], dict[str, Any]]) -> None:
-    """Answer ``stats`` requests until cancelled; the socket file is removed on the way out."""
+async def serve_control(
+    mountpoint: str, handlers: dict[str, Callable[[], Awaitable[dict[str, Any]]]]
+) -> None:
+    """Answer requests (``stats``, ``sync``: the keys of ``handlers``) until cancelled, one
+    JSON line each; the socket file is removed on the way out."""
     path = socket_path(mountpoint)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
@@ -50,11 +53,13 @@ async def serve_statistics(mountpoint: str, statistics: Callable[[], dict[str, A
 
         async def answer(stream: trio.SocketStream) -> None:
             async with stream:
-                request = await stream.receive_some(MAX_REQUEST_BYTES)
-                if request.strip() == b"stats":
-                    body = {"mountpoint": mountpoint, **statistics()}
-                else:
+                request = (await stream.receive_some(MAX_REQUEST_BYTES)).strip().decode()
+                handler = handlers.get(request)
+                body: dict[str, Any]
+                if handler is None:
                     body = {"error": "unknown request"}
+                else:
+                    body = {"mountpoint": mountpoint, **await handler()}
                 await stream.send_all(json.dumps(body).encode() + b"\n")
 
         await trio.serve_listeners(answer, [listener])
@@ -65,11 +70,16 @@ async def serve_statistics(mountpoint: str, statistics: Callable[[], dict[str, A
 
 def request_statistics(mountpoint: str, timeout_s: float = 10.0) -> dict[str, Any]:
     """Ask the daemon of ``mountpoint`` for its counters (blocking; for the CLI)."""
+    return request(mountpoint, "stats", timeout_s)
+
+
+def request(mountpoint: str, what: str, timeout_s: float | None = 10.0) -> dict[str, Any]:
+    """One request to the daemon of ``mountpoint`` (blocking; for the CLI)."""
     path = socket_path(mountpoint)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(timeout_s)
         client.connect(str(path))
-        client.sendall(b"stats\n")
+        client.sendall(what.encode() + b"\n")
         chunks = []
         while chunk := client.recv(1 << 16):
             chunks.append(chunk)
@@ -121,4 +131,11 @@ def render_statistics(data: dict[str, Any]) -> str:
         f"misses {meta['misses']}   entries {meta['entries']}   {_size(meta['used_bytes'])}",
         f"inodes {data['inodes']}   open files {data['open_files']}",
     ]
+    writeback = data.get("writeback", {})
+    if writeback.get("enabled"):
+        lines.append(
+            f"write-back  pending {writeback['pending']}   committed {writeback['committed']}   "
+            f"uploaded {writeback['uploaded']}   failed {writeback['failed']}   "
+            f"failing now {writeback['failing']}   conflicts {writeback['conflicts']}"
+        )
     return "\n".join(lines)

@@ -6,7 +6,9 @@ class directly over `MemoryBucket` (model tests) and through a real mount.
 
 Semantics are gcsfuse's (``docs/semantics.md`` lists them with the tests that
 check them): close-to-open consistency; writes staged locally and uploaded on
-flush/fsync/close with a generation precondition (a lost race is ESTALE);
+flush/fsync/close with a generation precondition (a lost race is ESTALE) or,
+with ``write:write-back``, committed to a local journal on close and uploaded
+in the background (`tierfs.writeback`; fsync and ``tierfs sync`` still wait);
 placeholder and implicit directories; directory rename by copy + delete up to
 ``rename-dir-limit`` objects (EMFILE beyond).
 
@@ -18,8 +20,11 @@ uploading, renaming one inode).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import math
+import mimetypes
 import os
 import stat
 import time
@@ -54,6 +59,7 @@ from tierfs.namespace import (
     is_symlink,
 )
 from tierfs.storage import Bucket, ObjectInfo
+from tierfs.writeback import Journal, Record
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
 log = logging.getLogger("tierfs.fs")
@@ -90,6 +96,7 @@ class Settings:
     metadata_prefetch_entries: int = 5000
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
+    write_back_delay_s: float = 0.0  # with write-back: how long a closed file waits to upload
 
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
@@ -120,6 +127,7 @@ class Settings:
             metadata_prefetch=config["metadata-cache:enable-metadata-prefetch"],
             metadata_prefetch_workers=config["metadata-cache:metadata-prefetch-max-workers"],
             metadata_prefetch_entries=config["metadata-cache:metadata-prefetch-entries-limit"],
+            write_back_delay_s=float(config["write:write-back-delay-secs"]),
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
@@ -172,8 +180,15 @@ class Filesystem:
         monotonic_s: Callable[[], float] = time.monotonic,
         blocks: Blocks | None = None,
         spawn: Spawn | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.bucket = bucket
+        self.journal = journal  # write-back on: close() commits here, uploads run later
+        self._to_upload, self._upload_queue = trio.open_memory_channel[Inode](math.inf)
+        self._queued: set[int] = set()  # waiting for an uploader, or for a retry
+        self._uploading = 0
+        self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
+        self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
         self.settings = settings
         self.clock_ns = clock_ns
         self.blocks = blocks or Blocks(
@@ -425,7 +440,7 @@ class Filesystem:
         if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
             raise AlreadyExists(path)
         inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
-        inode.staged = Staged.new(self.settings.temp_dir)
+        inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
         if self.settings.create_empty_file:
             await self._upload(inode, object_name)
         self.inodes.remember(inode)
@@ -496,9 +511,11 @@ class Filesystem:
         return written
 
     async def flush(self, fh: int) -> None:
-        await self._sync(self.files[fh].inode)
+        await self._persist(self.files[fh].inode)
 
     async def fsync(self, fh: int) -> None:
+        """Always waits for GCS, write-back or not (and retries a failed background upload:
+        its error is this call's error)."""
         await self._sync(self.files[fh].inode)
 
     async def release(self, fh: int) -> None:
@@ -506,9 +523,16 @@ class Filesystem:
         if handle is None:
             return
         try:
-            await self._sync(handle.inode)
+            await self._persist(handle.inode)
         finally:
             self._close_handle(handle)
+
+    async def _persist(self, inode: Inode) -> None:
+        """close() and flush(): upload now, or, with write-back, commit to the journal."""
+        if self.journal is None:
+            await self._sync(inode)
+        else:
+            await self._commit(inode)
 
     def _close_handle(self, handle: FileHandle) -> None:
         self.files.pop(handle.fh)
@@ -516,41 +540,166 @@ class Filesystem:
         inode.open_handles -= 1
         if handle.reader is not None:
             handle.reader.close()
+        self._retire(inode)
+
+    def _retire(self, inode: Inode) -> None:
+        """Let go of a closed file's staged copy once GCS has the truth: it was uploaded,
+        lost to another writer (the caller got ESTALE), or unlinked."""
         staged = inode.staged
         if (
             inode.open_handles == 0
             and staged is not None
-            and (not staged.dirty or staged.clobbered)
+            and (not staged.dirty or staged.clobbered or inode.unlinked)
         ):
-            # Uploaded, or lost to another writer (the caller got ESTALE): GCS has the truth.
-            staged.close()
-            inode.staged = None
+            self._drop_staged(inode)
             if staged.clobbered:
                 self.inodes.detach(inode)
         self.inodes.release(inode)
 
+    def _drop_staged(self, inode: Inode) -> None:
+        staged = inode.staged
+        if staged is None:
+            return
+        staged.close()
+        inode.staged = None
+        if staged.record_id is not None and self.journal is not None:
+            self.journal.discard(staged.record_id)  # two unlinks; a conflict was moved aside
+
     async def _sync(self, inode: Inode) -> None:
-        """Upload the inode's staged data if it has changes (flush, fsync, close)."""
+        """Upload the inode's staged data if it has changes (fsync; flush and close unless
+        write-back is on)."""
+        async with self._lock(inode):
+            await self._sync_locked(inode)
+
+    async def _sync_locked(self, inode: Inode) -> None:
+        staged = inode.staged
+        if staged is None or not staged.dirty or inode.unlinked:
+            return
+        if staged.clobbered:
+            raise PreconditionFailed(inode.path)
+        await self._upload(inode, self.names.file_object(inode.path))
+
+    # -- write-back --------------------------------------------------------------------------
+
+    async def _commit(self, inode: Inode) -> None:
+        """Make the staged file durable in the journal and queue its upload."""
         async with self._lock(inode):
             staged = inode.staged
-            if staged is None or not staged.dirty or inode.unlinked:
+            if staged is None or not staged.dirty or inode.unlinked or staged.committed:
                 return
             if staged.clobbered:
                 raise PreconditionFailed(inode.path)
-            await self._upload(inode, self.names.file_object(inode.path))
+            assert self.journal is not None and staged.record_id is not None
+            version = staged.version
+            await trio.to_thread.run_sync(self.journal.commit, staged.fd, self._record(inode))
+            staged.committed_version = version
+            self.writeback_counts["committed"] += 1
+        self._queue_upload(inode, self.settings.write_back_delay_s)
+
+    def _record(self, inode: Inode) -> Record:
+        staged = inode.staged
+        assert staged is not None and staged.record_id is not None
+        object_name = self.names.file_object(inode.path)
+        return Record(
+            staged.record_id,
+            object_name,
+            staged.base_generation,
+            self._upload_metadata(inode),
+            mimetypes.guess_type(object_name)[0],
+        )
+
+    def _queue_upload(self, inode: Inode, delay_s: float = 0.0) -> None:
+        if inode.ino in self._queued:
+            return
+        self._queued.add(inode.ino)
+        if delay_s > 0 and self.spawn is not None:
+            self.spawn(self._retry_later, inode, delay_s)
+        else:
+            self._to_upload.send_nowait(inode)
+
+    async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
+        """The write-back uploader (runs until cancelled): ``workers`` uploads at a time; a
+        failed upload is retried after ``retry_s``, doubling up to 5 minutes."""
+        delays: dict[int, float] = {}
+
+        async def worker() -> None:
+            async for inode in self._upload_queue:
+                self._uploading += 1
+                try:
+                    uploaded = await self._upload_in_background(inode)
+                finally:
+                    self._uploading -= 1
+                if uploaded:
+                    self._queued.discard(inode.ino)
+                    delays.pop(inode.ino, None)
+                    staged = inode.staged
+                    if staged is not None and staged.committed and staged.dirty:
+                        self._queue_upload(inode)  # committed again during that upload
+                    continue
+                delay = delays[inode.ino] = min(delays.get(inode.ino, retry_s / 2) * 2, 300.0)
+                assert self.spawn is not None
+                self.spawn(self._retry_later, inode, delay)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(max(1, workers)):
+                nursery.start_soon(worker)
+
+    async def _retry_later(self, inode: Inode, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        self._to_upload.send_nowait(inode)  # in _queued all along: nobody else queued it
+
+    def uploads_idle(self) -> bool:
+        """No upload queued, running or waiting to be retried."""
+        return not self._queued and not self._uploading
+
+    async def _upload_in_background(self, inode: Inode) -> bool:
+        """One queued upload; False when it should be tried again later."""
+        try:
+            await self._sync(inode)
+        except PreconditionFailed:
+            log.error(
+                "write-back: gs://%s was changed by another client; this mount's version "
+                "is kept in %s",
+                self.names.file_object(inode.path),
+                self.journal.conflicts_dir if self.journal else "?",
+            )
+        except Exception as err:
+            self.writeback_counts["failed"] += 1
+            self._failed[inode.ino] = f"{self.names.file_object(inode.path)}: {err}"
+            log.error("write-back: upload of gs://%s failed, will retry: %s", inode.path, err)
+            return False
+        self._retire(inode)
+        return True
+
+    def _upload_metadata(self, inode: Inode) -> dict[str, str]:
+        metadata = dict(inode.metadata)
+        metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
+        return metadata
 
     async def _upload(self, inode: Inode, object_name: str) -> None:
         staged = inode.staged
         assert staged is not None
-        metadata = dict(inode.metadata)
-        metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
         try:
-            info = await staged.upload(self.bucket, object_name, metadata)
+            info = await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
         except PreconditionFailed:
             staged.clobbered = True
             self.names.forget(inode.path)
+            if staged.committed_version is not None:
+                # close() already said yes to these bytes: keep them for the user.
+                assert self.journal is not None
+                self.writeback_counts["conflicts"] += 1
+                with contextlib.suppress(FileNotFoundError):
+                    await trio.to_thread.run_sync(
+                        self.journal.keep_conflict, self._record(inode)
+                    )
             raise
         self.names.learned(inode.path, Found(False, info))
+        self._failed.pop(inode.ino, None)
+        if staged.committed_version is not None:
+            assert self.journal is not None and staged.record_id is not None
+            if staged.uploaded_version >= staged.committed_version:
+                await trio.to_thread.run_sync(self.journal.done, staged.record_id)
+            self.writeback_counts["uploaded"] += 1
         if self.spawn is not None and self.settings.file_cache:
             self._cache_upload(staged, object_name, info)
         inode.generation = info.generation
@@ -586,7 +735,7 @@ class Filesystem:
             if inode.staged is not None:
                 return
             if inode.generation == 0:
-                inode.staged = Staged.new(self.settings.temp_dir)
+                inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
                 return
             info = ObjectInfo(
                 self.names.file_object(inode.path),
@@ -596,7 +745,11 @@ class Filesystem:
             )
             try:
                 inode.staged = await Staged.from_object(
-                    self.bucket, info, self.settings.temp_dir, min(length, inode.size)
+                    self.bucket,
+                    info,
+                    self.settings.temp_dir,
+                    min(length, inode.size),
+                    self.journal,
                 )
             except NotFound:
                 raise PreconditionFailed(inode.path) from None
@@ -616,10 +769,8 @@ class Filesystem:
             await self._set_mtime(inode, mtime_ns)
         if inode.open_handles == 0 and inode.staged is not None:
             # Path-based truncate (no open file): nothing else will upload it.
-            await self._sync(inode)
-            if not inode.staged.dirty:
-                inode.staged.close()
-                inode.staged = None
+            await self._persist(inode)
+            self._retire(inode)
         return self.attr(inode)
 
     async def _truncate(self, inode: Inode, size: int) -> None:
@@ -664,6 +815,9 @@ class Filesystem:
             inode.unlinked = True
             self._removed(path)
             self.inodes.detach(inode)
+            if inode.open_handles == 0:
+                self._drop_staged(inode)  # a write-back file not uploaded yet: never will be
+                self.inodes.release(inode)
 
     async def _stage_unlocked(self, inode: Inode) -> None:
         """Keep an unlinked file readable by its open handles: copy it locally first."""
@@ -742,11 +896,13 @@ class Filesystem:
             raise IsADirectory(new_path)
         async with self._lock(source):
             if source.local_only:
-                # Never uploaded: a purely local rename; the upload goes to the new name.
+                # Never uploaded: a purely local rename; the upload goes to the new name
+                # (a write-back file's journal record is rewritten to say so).
                 if target is not None:
                     await self._drop_target(target, new_path)
                 self.names.forget(new_path)
                 self.inodes.move(source, new_path)
+                await self._rename_records([source])
                 return
             staged = source.staged
             if staged is not None and staged.dirty:
@@ -795,9 +951,30 @@ class Filesystem:
             if target.kind is not Kind.DIR:
                 raise NotADirectory(new_path)
             await self.rmdir_path(target)
-        for inode in self.inodes.below(source.path):
-            if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
-                await self._sync(inode)
+        async with contextlib.AsyncExitStack() as held:
+            # Files never uploaded move with the directory as local state (their uploads
+            # go to the new names); holding their locks keeps a background upload from
+            # starting under the old name meanwhile. Others are uploaded, then copied.
+            local: list[Inode] = []
+            for inode in sorted(self.inodes.below(source.path), key=lambda i: i.ino):
+                if inode.staged is None or inode.unlinked:
+                    continue
+                await held.enter_async_context(self._lock(inode))
+                if inode.local_only:
+                    local.append(inode)
+                elif inode.staged.dirty:
+                    await self._sync_locked(inode)
+            await self._rename_dir_objects(source, new_path)
+            await self._rename_records(local)
+
+    async def _rename_records(self, inodes: list[Inode]) -> None:
+        """Point the journal records of moved write-back files at their new names."""
+        for inode in inodes:
+            staged = inode.staged
+            if self.journal is not None and staged is not None and staged.committed:
+                await trio.to_thread.run_sync(self.journal.write_record, self._record(inode))
+
+    async def _rename_dir_objects(self, source: Inode, new_path: str) -> None:
         old_prefix = self.names.dir_object(source.path)
         new_prefix = self.names.dir_object(new_path)
         objects = await self.names.list_below(source.path)
@@ -858,19 +1035,39 @@ class Filesystem:
             "metadata_cache": self.metadata.statistics(),
             "inodes": len(self.inodes),
             "open_files": len(self.files),
+            "writeback": {
+                "enabled": self.journal is not None,
+                "pending": self.pending_uploads(),
+                "failing": len(self._failed),
+                **self.writeback_counts,
+            },
         }
+
+    def pending_uploads(self) -> int:
+        """Files closed (committed) but not in GCS yet."""
+        return sum(
+            1
+            for inode in self.inodes.by_ino.values()
+            if inode.staged is not None and inode.staged.committed and inode.staged.dirty
+        )
 
     # -- shutdown ---------------------------------------------------------------------------------
 
     async def sync_all(self) -> None:
-        """Upload every dirty file (unmount, SIGTERM). Errors are raised after trying all."""
-        failures: list[BaseException] = []
+        """Upload every dirty file now (``tierfs sync``, unmount, SIGTERM), write-back ones
+        included. Errors are raised after trying all: the first, with how many failed."""
+        failures: list[Exception] = []
         for inode in list(self.inodes.by_ino.values()):
             if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
                 try:
                     await self._sync(inode)
                 except Exception as err:  # keep going: upload what can be uploaded
                     failures.append(err)
+                else:
+                    if inode.open_handles == 0:
+                        self._retire(inode)
+        if len(failures) > 1:
+            log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:
             raise failures[0]
 

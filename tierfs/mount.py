@@ -18,8 +18,10 @@ import math
 import os
 import re
 import signal
-from collections.abc import Callable
+import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pyfuse3
 import trio
@@ -30,15 +32,19 @@ from tierfs.blocks import Blocks, spawner
 from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import AUTO, SsdTier
-from tierfs.control import serve_statistics
-from tierfs.errors import TierfsError
+from tierfs.control import serve_control
+from tierfs.errors import TierfsError, root_cause
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
 from tierfs.operations import Operations
 from tierfs.storage import Bucket
 from tierfs.storage.gcs import GcsBucket, RetrySettings
+from tierfs.writeback import Journal
 
 log = logging.getLogger("tierfs.mount")
+# Background uploads at a time with write-back on (per mount; each is one file's upload,
+# which may itself run in parallel chunks).
+WRITEBACK_UPLOADS = 4
 
 
 def connect(config: Config) -> GcsBucket:
@@ -142,7 +148,24 @@ async def _serve_mounted(
     except OSError as err:
         ready(f"cannot use cache-dir {config['cache-dir']}: {err.strerror or err}")
         return
-    fs = Filesystem(bucket, settings, blocks=blocks_for(config, bucket, chain))
+    journal = None
+    if config["write:write-back"]:
+        root = config["cache-dir"] or config["file-system:temp-dir"] or tempfile.gettempdir()
+        try:
+            journal = await trio.to_thread.run_sync(Journal, Path(root), config.bucket)
+            recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+        except OSError as err:
+            ready(f"cannot use {root} for write-back: {err.strerror or err}")
+            return
+        if recovered.uploaded or recovered.already_there or recovered.conflicts:
+            log.warning(
+                "write-back: finished %d upload(s) left by a previous daemon (%d were already "
+                "in GCS, %d kept as conflicts)",
+                len(recovered.uploaded),
+                len(recovered.already_there),
+                len(recovered.conflicts),
+            )
+    fs = Filesystem(bucket, settings, blocks=blocks_for(config, bucket, chain), journal=journal)
     operations = Operations(fs)
     try:
         pyfuse3.init(operations, mountpoint, fuse_options(config))
@@ -155,7 +178,9 @@ async def _serve_mounted(
         async with trio.open_nursery() as nursery:
             fs.spawn = spawner(nursery)
             nursery.start_soon(_on_signals, fs, signalled)
-            nursery.start_soon(serve_statistics, mountpoint, fs.statistics)
+            nursery.start_soon(serve_control, mountpoint, _control_handlers(fs))
+            if journal is not None:
+                nursery.start_soon(fs.run_uploads, WRITEBACK_UPLOADS)
             nursery.start_soon(_announce, mountpoint, config["read-ahead-kb"], ready, signalled)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
@@ -169,6 +194,27 @@ async def _serve_mounted(
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())
         log.info("unmounted %s", mountpoint)
+
+
+def _control_handlers(fs: Filesystem) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
+    async def stats() -> dict[str, Any]:
+        return fs.statistics()
+
+    async def sync() -> dict[str, Any]:
+        """``tierfs sync``: everything written so far is in GCS, or the first error."""
+        try:
+            await fs.sync_all()
+        except Exception as err:
+            return {"error": f"{describe(err)} ({fs.pending_uploads()} file(s) not in GCS yet)"}
+        return {"synced": True}
+
+    return {"stats": stats, "sync": sync}
+
+
+def describe(error: BaseException) -> str:
+    """One line for a user: the root cause's message (exception groups unwrapped)."""
+    cause = root_cause(error)
+    return " ".join(str(cause).split()) or type(cause).__name__
 
 
 async def _announce(

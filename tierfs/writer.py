@@ -15,6 +15,11 @@ the writer with their own errno.
 
 ``version`` counts writes, so an upload that raced with a write knows the
 file is still dirty afterwards.
+
+With write-back on (`tierfs.writeback`), the staged file is a named file in the
+journal directory instead (``record_id`` names it), so that a commit can make it
+durable where the next mount finds it; ``committed_version`` is the version the
+journal's record stands for.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Mapping
 import trio
 
 from tierfs.storage import Bucket, ObjectInfo
+from tierfs.writeback import Journal
 
 COPY_CHUNK_BYTES = 8 << 20
 MTIME_KEY = "gcsfuse_mtime"
@@ -36,26 +42,38 @@ MTIME_KEY = "gcsfuse_mtime"
 class Staged:
     """The local copy of one file being written."""
 
-    def __init__(self, fd: int, base_generation: int, size: int) -> None:
+    def __init__(
+        self, fd: int, base_generation: int, size: int, record_id: str | None = None
+    ) -> None:
         self.fd = fd
         self.base_generation = base_generation
         self.size = size
         self.version = 0
         self.uploaded_version = -1 if base_generation == 0 else 0
+        self.committed_version: int | None = None  # None: no journal record yet
         self.clobbered = False
+        self.record_id = record_id
 
     @classmethod
-    def new(cls, temp_dir: str, base_generation: int = 0) -> Staged:
+    def new(cls, temp_dir: str, base_generation: int = 0, journal: Journal | None = None) -> Staged:
+        if journal is not None:
+            record_id, fd = journal.new_file()
+            return cls(fd, base_generation, 0, record_id)
         fd, path = tempfile.mkstemp(prefix="tierfs-", dir=temp_dir or None)
         os.unlink(path)
         return cls(fd, base_generation, 0)
 
     @classmethod
     async def from_object(
-        cls, bucket: Bucket, info: ObjectInfo, temp_dir: str, length: int
+        cls,
+        bucket: Bucket,
+        info: ObjectInfo,
+        temp_dir: str,
+        length: int,
+        journal: Journal | None = None,
     ) -> Staged:
         """A staged copy of the first ``length`` bytes of one generation."""
-        staged = cls.new(temp_dir, info.generation)
+        staged = cls.new(temp_dir, info.generation, journal)
         try:
             offset = 0
             while offset < length:
@@ -78,6 +96,11 @@ class Staged:
     @property
     def dirty(self) -> bool:
         return self.version != self.uploaded_version
+
+    @property
+    def committed(self) -> bool:
+        """The journal holds a record for exactly what the file holds now."""
+        return self.record_id is not None and self.committed_version == self.version
 
     def pread(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, length, offset)

@@ -1,0 +1,244 @@
+"""Write-back in the core, over MemoryBucket: close() commits to the journal, a background
+uploader makes it durable, a crash is finished by the next mount, and nothing is lost or
+uploaded twice with different content. (Through a real mount: test_mount_writeback.py.)"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from tierfs.errors import BackendError
+from tierfs.filesystem import Filesystem, Settings
+from tierfs.inodes import ROOT_INO
+from tierfs.storage.memory import MemoryBucket
+from tierfs.writeback import Journal
+
+pytestmark = pytest.mark.trio
+
+
+def journal_files(journal: Journal) -> list[str]:
+    return sorted(p.suffix for p in journal.dir.iterdir() if p.is_file())
+
+
+@pytest.fixture
+async def bucket() -> MemoryBucket:
+    return MemoryBucket("wb")
+
+
+@pytest.fixture
+def make_fs(tmp_path: Path, bucket: MemoryBucket) -> Callable[[], Filesystem]:
+    made: list[Filesystem] = []
+
+    def make() -> Filesystem:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path / "tmp"), implicit_dirs=True),
+            journal=Journal(tmp_path / "cache", "wb"),
+        )
+        made.append(fs)
+        return fs
+
+    (tmp_path / "tmp").mkdir()
+    yield make  # type: ignore[misc]
+    for fs in made:
+        fs.close()
+
+
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    async with trio.open_nursery() as nursery:
+        yield nursery
+        nursery.cancel_scope.cancel()
+
+
+async def write_new(fs: Filesystem, name: str, data: bytes, parent: int = ROOT_INO) -> int:
+    handle, inode = await fs.create(parent, name, os.O_WRONLY)
+    await fs.write(handle.fh, 0, data)
+    await fs.release(handle.fh)
+    return inode.ino
+
+
+async def settle(fs: Filesystem) -> None:
+    """Let the uploader run until nothing is queued (the autojump clock skips sleeps)."""
+    for _ in range(1000):
+        await trio.sleep(0.01)
+        if fs.uploads_idle():
+            return
+    raise AssertionError("uploads did not settle")
+
+
+async def test_close_commits_locally_and_the_uploader_makes_it_durable(
+    make_fs: Callable[[], Filesystem],
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    autojump_clock: object,
+) -> None:
+    fs = make_fs()
+    fs.spawn = nursery.start_soon
+    await write_new(fs, "ckpt.bin", b"x" * 10_000)
+    # close() returned: the bytes are on local disk, with a record; GCS has nothing yet.
+    assert "ckpt.bin" not in bucket.names()
+    assert journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    assert fs.pending_uploads() == 1
+    inode = await fs.lookup(ROOT_INO, "ckpt.bin")  # visible and readable meanwhile
+    handle = await fs.open(inode.ino, os.O_RDONLY)
+    assert bytes(await fs.read(handle.fh, 0, 20_000)) == b"x" * 10_000
+    await fs.release(handle.fh)
+    nursery.start_soon(fs.run_uploads, 2)
+    await settle(fs)
+    assert bucket.get("ckpt.bin") == b"x" * 10_000
+    assert journal_files(fs.journal) == []  # type: ignore[arg-type]
+    assert fs.statistics()["writeback"]["uploaded"] == 1
+
+
+async def test_fsync_waits_for_gcs(make_fs: Callable[[], Filesystem], bucket: MemoryBucket) -> None:
+    fs = make_fs()
+    handle, _ = await fs.create(ROOT_INO, "f", os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"durable")
+    await fs.flush(handle.fh)
+    assert "f" not in bucket.names()
+    await fs.fsync(handle.fh)
+    assert bucket.get("f") == b"durable"
+    await fs.release(handle.fh)
+    assert journal_files(fs.journal) == []  # type: ignore[arg-type]
+
+
+async def test_a_crash_before_the_upload_is_finished_by_the_next_mount(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    fs = make_fs()
+    await write_new(fs, "a", b"first file")
+    await write_new(fs, "b", b"second file")
+    handle, _ = await fs.create(ROOT_INO, "never-closed", os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"no promise was made")
+    fs.close()  # kill -9: no sync, no unmount
+    assert bucket.names() == []
+    journal = Journal(tmp_path / "cache", "wb")
+    done = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert sorted(done.uploaded) == ["a", "b"] and done.uncommitted == 1
+    assert (bucket.get("a"), bucket.get("b")) == (b"first file", b"second file")
+    assert journal_files(journal) == []
+    again = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert (again.uploaded, again.already_there, again.conflicts) == ([], [], [])
+
+
+async def test_a_crash_after_the_upload_uploads_nothing_twice(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    fs = make_fs()
+    await write_new(fs, "a", b"uploaded just before the crash")
+    record = fs.journal.pending()[0]  # type: ignore[union-attr]
+    bucket.put("a", b"uploaded just before the crash")  # the upload landed; the record stayed
+    writes = bucket.statistics()["requests"]
+    fs.close()
+    journal = Journal(tmp_path / "cache", "wb")
+    done = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert done.already_there == ["a"] and done.uploaded == []
+    assert bucket.statistics()["requests"] == writes + 1  # one stat, no write
+    assert not journal.data_path(record.id).exists()
+
+
+async def test_another_writer_wins_and_our_bytes_are_kept_aside(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    bucket.put("shared", b"v1")
+    fs = make_fs()
+    inode = await fs.lookup(ROOT_INO, "shared")
+    handle = await fs.open(inode.ino, os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"ours")
+    await fs.release(handle.fh)
+    bucket.put("shared", b"theirs")
+    fs.close()
+    journal = Journal(tmp_path / "cache", "wb")
+    done = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert bucket.get("shared") == b"theirs"
+    assert [p.read_bytes() for p in done.conflicts] == [b"ours"]
+    assert done.conflicts[0].parent == journal.conflicts_dir
+
+
+async def test_rename_before_upload_is_local_and_uploads_the_final_name(
+    make_fs: Callable[[], Filesystem],
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    autojump_clock: object,
+) -> None:
+    fs = make_fs()
+    fs.spawn = nursery.start_soon
+    step = await fs.mkdir(ROOT_INO, "step_10.orbax-checkpoint-tmp")
+    for name in ("a.msgpack", "b.msgpack"):
+        await write_new(fs, name, name.encode() * 100, parent=step.ino)
+    await write_new(fs, ".metadata.tmp", b"{}")
+    await fs.rename(ROOT_INO, ".metadata.tmp", ROOT_INO, ".metadata")
+    await fs.rename(ROOT_INO, "step_10.orbax-checkpoint-tmp", ROOT_INO, "step_10")
+    copies = bucket.statistics().get("copies", 0)
+    nursery.start_soon(fs.run_uploads, 2)
+    await settle(fs)
+    assert sorted(bucket.names()) == [
+        ".metadata",
+        "step_10/",
+        "step_10/a.msgpack",
+        "step_10/b.msgpack",
+    ]
+    assert bucket.get("step_10/a.msgpack") == b"a.msgpack" * 100
+    assert bucket.statistics().get("copies", 0) == copies  # the files were never copied
+
+
+async def test_unlink_before_upload_uploads_nothing(
+    make_fs: Callable[[], Filesystem],
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    autojump_clock: object,
+) -> None:
+    fs = make_fs()
+    fs.spawn = nursery.start_soon
+    await write_new(fs, "scratch", b"temporary")
+    await fs.unlink(ROOT_INO, "scratch")
+    nursery.start_soon(fs.run_uploads, 1)
+    await settle(fs)
+    assert bucket.names() == []
+    assert journal_files(fs.journal) == []  # type: ignore[arg-type]
+
+
+async def test_failed_upload_is_counted_retried_and_reported(
+    make_fs: Callable[[], Filesystem],
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    autojump_clock: object,
+) -> None:
+    fs = make_fs()
+    fs.spawn = nursery.start_soon
+    bucket.fail_next("write_file", BackendError("503 from GCS"), count=3)
+    ino = await write_new(fs, "f", b"data")
+    nursery.start_soon(fs.run_uploads, 1, 1.0)
+    await trio.sleep(0.5)  # one attempt failed; the retry waits 1 s
+    stats = fs.statistics()["writeback"]
+    assert (stats["failed"], stats["failing"], stats["pending"]) == (1, 1, 1)
+    assert "f" not in bucket.names() and journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    with pytest.raises(BackendError):  # `tierfs sync` reports it (and tries again)
+        await fs.sync_all()
+    await settle(fs)  # the third failure, then a retry that succeeds
+    assert bucket.get("f") == b"data"
+    assert fs.statistics()["writeback"]["failing"] == 0
+    assert fs.inodes.get(ino) is None or fs.inodes[ino].staged is None
+
+
+async def test_conflict_found_by_the_uploader_keeps_our_bytes(
+    make_fs: Callable[[], Filesystem],
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    autojump_clock: object,
+) -> None:
+    fs = make_fs()
+    fs.spawn = nursery.start_soon
+    await write_new(fs, "f", b"ours")
+    bucket.put("f", b"theirs")  # another client creates it first
+    nursery.start_soon(fs.run_uploads, 1)
+    await settle(fs)
+    assert bucket.get("f") == b"theirs"
+    kept = list(fs.journal.conflicts_dir.iterdir())  # type: ignore[union-attr]
+    assert [p.read_bytes() for p in kept] == [b"ours"]
+    assert fs.statistics()["writeback"]["conflicts"] == 1
