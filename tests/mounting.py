@@ -12,6 +12,7 @@ Mount tests never skip: without root or ``/dev/fuse`` they fail with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -105,3 +106,12 @@ class Mount:
             return []
         lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
         return [line for line in lines if " ERROR " in line]
+
+
+def stats(mount: Mount) -> dict:
+    """``tierfs stats --json`` of a live mount."""
+    result = subprocess.run(
+        [TIERFS, "stats", "--json", str(mount.path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -10,17 +9,9 @@ from pathlib import Path
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import TIERFS, Mount
+from tests.mounting import Mount, stats
 
 MiB = 1 << 20
-
-
-def stats(mount: Mount) -> dict:
-    result = subprocess.run(
-        [TIERFS, "stats", "--json", str(mount.path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def media_reads(mount: Mount) -> int:

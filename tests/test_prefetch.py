@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -11,17 +10,9 @@ from pathlib import Path
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import TIERFS, Mount
+from tests.mounting import TIERFS, Mount, stats
 
 MiB = 1 << 20
-
-
-def stats(mount: Mount) -> dict:
-    out = subprocess.run(
-        [TIERFS, "stats", "--json", str(mount.path)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def test_prefetch_fills_the_ssd_tier(

@@ -577,7 +577,23 @@ class Filesystem:
             return
         if staged.clobbered:
             raise PreconditionFailed(inode.path)
+        if staged.write_error:
+            self._abandon(inode)
         await self._upload(inode, self.names.file_object(inode.path))
+
+    def _abandon(self, inode: Inode) -> None:
+        """A local write failed (ENOSPC...): drop the changes rather than upload a file that
+        is not what was written; a new file disappears. Raises that write's error."""
+        staged = inode.staged
+        assert staged is not None
+        code = staged.write_error
+        self._drop_staged(inode)
+        if inode.generation == 0:
+            inode.unlinked = True
+            self._removed(inode.path)
+            self.inodes.detach(inode)
+        log.error("%s: a local write failed (%s); changes dropped", inode.path, os.strerror(code))
+        raise OSError(code, os.strerror(code), inode.path)
 
     # -- write-back --------------------------------------------------------------------------
 
@@ -589,6 +605,8 @@ class Filesystem:
                 return
             if staged.clobbered:
                 raise PreconditionFailed(inode.path)
+            if staged.write_error:
+                self._abandon(inode)
             assert self.journal is not None and staged.record_id is not None
             version = staged.version
             await trio.to_thread.run_sync(self.journal.commit, staged.fd, self._record(inode))

@@ -53,6 +53,9 @@ class Staged:
         self.committed_version: int | None = None  # None: no journal record yet
         self.clobbered = False
         self.record_id = record_id
+        # errno of a local write that failed (ENOSPC...): the file no longer holds what the
+        # writer meant, so it is never uploaded (see Filesystem._abandon).
+        self.write_error = 0
 
     @classmethod
     def new(cls, temp_dir: str, base_generation: int = 0, journal: Journal | None = None) -> Staged:
@@ -106,13 +109,21 @@ class Staged:
         return os.pread(self.fd, length, offset)
 
     def pwrite(self, offset: int, data: bytes) -> int:
-        written = os.pwrite(self.fd, data, offset)
+        try:
+            written = os.pwrite(self.fd, data, offset)
+        except OSError as err:
+            self.write_error = err.errno or self.write_error
+            raise
         self.size = max(self.size, offset + written)
         self.version += 1
         return written
 
     def truncate(self, size: int) -> None:
-        os.ftruncate(self.fd, size)
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as err:
+            self.write_error = err.errno or self.write_error
+            raise
         self.size = size
         self.version += 1
 
