@@ -132,6 +132,40 @@ async def test_write_file_round_trip(bucket: Bucket, tmp_path: Path) -> None:
         assert middle == data[7:16]
 
 
+async def test_streaming_upload_in_pieces(bucket: Bucket) -> None:
+    data = os.urandom(700 * KiB + 3)  # 256 KiB chunks: two full ones, then the rest
+    upload = await bucket.open_upload(
+        "streamed", if_generation_match=0, chunk_bytes=256 * KiB, content_type="text/x-test"
+    )
+    with pytest.raises(NotFound):
+        await bucket.stat("streamed")  # nothing exists before finish()
+    for start in range(0, len(data), 100 * KiB):
+        await upload.write(data[start : start + 100 * KiB])
+    info = await upload.finish()
+    assert (info.size, info.content_type) == (len(data), "text/x-test")
+    assert (await bucket.stat("streamed")).generation == info.generation
+    assert await read_all(bucket, "streamed", info.generation) == data
+
+
+async def test_streaming_upload_aborted_makes_no_object(bucket: Bucket) -> None:
+    upload = await bucket.open_upload("gone", if_generation_match=0, chunk_bytes=256 * KiB)
+    await upload.write(os.urandom(300 * KiB))  # one chunk already sent
+    await upload.abort()
+    with pytest.raises(NotFound):
+        await bucket.stat("gone")
+
+
+async def test_streaming_upload_precondition(
+    bucket: Bucket, emulator_diverges: Callable[[str], None]
+) -> None:
+    emulator_diverges("ifGenerationMatch is ignored on resumable uploads")
+    await bucket.write_bytes("taken", b"first", if_generation_match=0)
+    upload = await bucket.open_upload("taken", if_generation_match=0, chunk_bytes=256 * KiB)
+    await upload.write(b"second")
+    with pytest.raises(PreconditionFailed):
+        await upload.finish()
+
+
 async def test_write_file_of_a_missing_local_file(bucket: Bucket, tmp_path: Path) -> None:
     # A local failure keeps its errno (ENOENT), it is not a storage error.
     with pytest.raises(FileNotFoundError):

@@ -59,6 +59,7 @@ from tierfs.namespace import (
     is_symlink,
 )
 from tierfs.storage import Bucket, ObjectInfo
+from tierfs.streaming import Stream
 from tierfs.writeback import Journal, Record
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
@@ -97,6 +98,8 @@ class Settings:
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
     write_back_delay_s: float = 0.0  # with write-back: how long a closed file waits to upload
+    max_streams: float = 0  # new files uploaded while written (streaming writes) at a time
+    stream_chunk_bytes: int = 32 << 20
 
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
@@ -128,9 +131,22 @@ class Settings:
             metadata_prefetch_workers=config["metadata-cache:metadata-prefetch-max-workers"],
             metadata_prefetch_entries=config["metadata-cache:metadata-prefetch-entries-limit"],
             write_back_delay_s=float(config["write:write-back-delay-secs"]),
+            max_streams=max_streams(config),
+            stream_chunk_bytes=max(1, int(config["write:block-size-mb"] * 4)) << 18,  # 256 KiB
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         )
+
+
+def max_streams(config: Config) -> float:
+    """Streaming uploads at a time: ``global-max-blocks`` / ``max-blocks-per-file`` (-1 is
+    unlimited; 0 turns streaming off). Off with write-back, whose close() is local."""
+    if not config["write:enable-streaming-writes"] or config["write:write-back"]:
+        return 0
+    total, per_file = config["write:global-max-blocks"], config["write:max-blocks-per-file"]
+    if total < 0:
+        return math.inf
+    return total // per_file if per_file > 0 else total
 
 
 def read_ahead_bytes(config: Config) -> int:
@@ -187,6 +203,7 @@ class Filesystem:
         self._to_upload, self._upload_queue = trio.open_memory_channel[Inode](math.inf)
         self._queued: set[int] = set()  # waiting for an uploader, or for a retry
         self._uploading = 0
+        self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
         self.settings = settings
@@ -443,6 +460,8 @@ class Filesystem:
         inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
         if self.settings.create_empty_file:
             await self._upload(inode, object_name)
+        elif self.spawn is not None and self._streams < self.settings.max_streams:
+            await self._start_stream(inode, object_name)
         self.inodes.remember(inode)
         handle = self._open_handle(inode, writable=True, flags=flags)
         return handle, inode
@@ -508,7 +527,60 @@ class Filesystem:
         assert inode.staged is not None
         written = inode.staged.pwrite(offset, data)
         inode.mtime_ns = self.clock_ns()
+        if inode.stream is not None and not await inode.stream.write(offset, data[:written]):
+            self._end_stream(inode)  # out of order: a staged write from here on
         return written
+
+    # -- streaming writes ----------------------------------------------------------------------
+
+    async def _start_stream(self, inode: Inode, object_name: str) -> None:
+        upload = await self.bucket.open_upload(
+            object_name,
+            if_generation_match=0,
+            chunk_bytes=self.settings.stream_chunk_bytes,
+            content_type=mimetypes.guess_type(object_name)[0],
+        )
+        inode.stream = Stream(upload, max_pending=max(1, self.settings.stream_chunk_bytes >> 20))
+        self._streams += 1
+        assert self.spawn is not None
+        self.spawn(inode.stream.run)
+
+    def _end_stream(self, inode: Inode) -> None:
+        """Abandon the inode's streaming upload (in the background); the staged file has
+        every byte, so the file simply becomes a staged write."""
+        stream, inode.stream = inode.stream, None
+        if stream is not None:
+            self._streams -= 1
+            assert self.spawn is not None
+            self.spawn(stream.abort)
+
+    async def _send(self, inode: Inode, staged: Staged, object_name: str) -> ObjectInfo:
+        """Make the object from the staged file: by finishing its stream if it has one that
+        holds every byte, else by uploading the file whole."""
+        stream, inode.stream = inode.stream, None
+        if stream is not None:
+            self._streams -= 1
+            if staged.size < self.settings.stream_chunk_bytes:
+                # Nothing was sent yet: one plain upload is cheaper than finishing a
+                # resumable session (and the emulator honours its precondition).
+                await stream.abort()
+            elif stream.offset == staged.size and not staged.clobbered:
+                version = staged.version
+                try:
+                    info = await stream.finish()
+                except PreconditionFailed:
+                    raise
+                except Exception as err:
+                    log.warning(
+                        "gs://%s: streaming upload failed (%s); uploading whole", object_name, err
+                    )
+                else:
+                    staged.base_generation = info.generation
+                    staged.uploaded_version = version
+                    return info
+            else:
+                await stream.abort()
+        return await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
 
     async def flush(self, fh: int) -> None:
         await self._persist(self.files[fh].inode)
@@ -557,6 +629,7 @@ class Filesystem:
         self.inodes.release(inode)
 
     def _drop_staged(self, inode: Inode) -> None:
+        self._end_stream(inode)
         staged = inode.staged
         if staged is None:
             return
@@ -698,7 +771,7 @@ class Filesystem:
         staged = inode.staged
         assert staged is not None
         try:
-            info = await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
+            info = await self._send(inode, staged, object_name)
         except PreconditionFailed:
             staged.clobbered = True
             self.names.forget(inode.path)
@@ -707,9 +780,7 @@ class Filesystem:
                 assert self.journal is not None
                 self.writeback_counts["conflicts"] += 1
                 with contextlib.suppress(FileNotFoundError):
-                    await trio.to_thread.run_sync(
-                        self.journal.keep_conflict, self._record(inode)
-                    )
+                    await trio.to_thread.run_sync(self.journal.keep_conflict, self._record(inode))
             raise
         self.names.learned(inode.path, Found(False, info))
         self._failed.pop(inode.ino, None)
@@ -796,12 +867,15 @@ class Filesystem:
         if inode.staged is None:
             await self._stage(inode, size)
         assert inode.staged is not None
+        if inode.stream is not None and size != inode.stream.offset:
+            self._end_stream(inode)
         if size != old_size or inode.generation == 0:
             inode.staged.truncate(size)
             inode.mtime_ns = self.clock_ns()
 
     async def _set_mtime(self, inode: Inode, mtime_ns: int) -> None:
         inode.mtime_ns = mtime_ns
+        self._end_stream(inode)  # the mtime goes in the object's metadata, set at upload
         if inode.staged is not None or inode.generation == 0:
             if inode.staged is not None:
                 inode.staged.touch()
@@ -831,6 +905,7 @@ class Filesystem:
                 except NotFound:
                     pass  # already gone: the name is gone either way
             inode.unlinked = True
+            self._end_stream(inode)
             self._removed(path)
             self.inodes.detach(inode)
             if inode.open_handles == 0:
@@ -915,7 +990,9 @@ class Filesystem:
         async with self._lock(source):
             if source.local_only:
                 # Never uploaded: a purely local rename; the upload goes to the new name
-                # (a write-back file's journal record is rewritten to say so).
+                # (a write-back file's journal record is rewritten to say so; a streaming
+                # upload, which names its object up front, is abandoned).
+                self._end_stream(source)
                 if target is not None:
                     await self._drop_target(target, new_path)
                 self.names.forget(new_path)
@@ -979,6 +1056,7 @@ class Filesystem:
                     continue
                 await held.enter_async_context(self._lock(inode))
                 if inode.local_only:
+                    self._end_stream(inode)  # its upload named the old path
                     local.append(inode)
                 elif inode.staged.dirty:
                     await self._sync_locked(inode)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
+    from tierfs.streaming import Stream
     from tierfs.writer import Staged
 
 ROOT_INO = 1
@@ -59,6 +60,7 @@ class Inode:
     open_handles: int = 0
     unlinked: bool = False
     staged: Staged | None = None
+    stream: Stream | None = None  # a streaming upload of the staged file, while in order
     placeholder: bool = False  # directories: a 'dir/' object exists
     crc32c: str | None = None  # of the generation, as GCS reports it
     metadata: dict[str, str] = field(default_factory=dict)

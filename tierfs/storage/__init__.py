@@ -84,6 +84,23 @@ class Listing:
     prefixes: tuple[str, ...]
 
 
+class Upload(Protocol):
+    """One object being uploaded in order (a resumable upload session)."""
+
+    async def write(self, data: bytes) -> None:
+        """Append; blocks while a full chunk is sent (that is the back-pressure)."""
+        ...
+
+    async def finish(self) -> ObjectInfo:
+        """Send the rest and make the object; `PreconditionFailed` if the precondition no
+        longer holds."""
+        ...
+
+    async def abort(self) -> None:
+        """Give up: no object is made (best effort; never raises)."""
+        ...
+
+
 class Bucket(Protocol):
     """One GCS bucket. Safe to call from many trio tasks at once."""
 
@@ -113,6 +130,19 @@ class Bucket(Protocol):
 
         `NotFound` if that generation is gone (overwritten or deleted).
         """
+        ...
+
+    async def open_upload(
+        self,
+        name: str,
+        *,
+        if_generation_match: int | None,
+        chunk_bytes: int,
+        content_type: str | None = None,
+    ) -> Upload:
+        """A streaming upload of ``name``: bytes go out in ``chunk_bytes`` pieces while more
+        are written; the object appears at `Upload.finish`. Sends nothing until the first
+        chunk is full."""
         ...
 
     async def write_file(

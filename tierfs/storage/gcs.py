@@ -337,6 +337,42 @@ def _map_error(exc: BaseException, what: str) -> TierfsError:
     return BackendError(f"{what}: {_describe(exc)}")
 
 
+class GcsUpload:
+    """A resumable upload fed as the file is written (google-cloud-storage's BlobWriter:
+    it buffers one chunk and sends it when full, in the calling worker thread)."""
+
+    def __init__(self, owner: GcsBucket, blob: storage.Blob, writer: Any, chunk: int) -> None:
+        self._owner, self._blob, self._writer, self._chunk = owner, blob, writer, chunk
+        self._written = 0
+
+    async def write(self, data: bytes) -> None:
+        before = self._written // self._chunk
+        self._written += len(data)
+        sent = self._written // self._chunk - before
+        what = f"gs://{self._owner.name}/{self._blob.name}"
+        await self._owner._call(lambda: self._writer.write(data), what, requests=sent)
+        self._owner._counters.add(bytes_written=len(data))
+
+    async def finish(self) -> ObjectInfo:
+        blob, writer = self._blob, self._writer
+
+        def run() -> ObjectInfo:
+            writer.close()  # the last chunk; the object exists from here
+            blob.reload()  # BlobWriter keeps no response: read back the new generation
+            return _info(blob)
+
+        return await self._owner._call(run, f"gs://{self._owner.name}/{blob.name}", requests=2)
+
+    async def abort(self) -> None:
+        writer = self._writer
+
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                writer.terminate()
+
+        await trio.to_thread.run_sync(run)
+
+
 def _info(blob: storage.Blob) -> ObjectInfo:
     """An `ObjectInfo` from the object resource the server returned."""
     if blob.generation is None:
@@ -615,6 +651,28 @@ class GcsBucket:
         )
         self._counters.add(bytes_read=len(data))
         return data
+
+    async def open_upload(
+        self,
+        name: str,
+        *,
+        if_generation_match: int | None,
+        chunk_bytes: int,
+        content_type: str | None = None,
+    ) -> GcsUpload:
+        check_name(name)
+        chunk = max(256 << 10, chunk_bytes // (256 << 10) * (256 << 10))  # GCS's unit
+        blob = self._bucket.blob(name, chunk_size=chunk)
+        writer = blob.open(
+            "wb",
+            chunk_size=chunk,
+            ignore_flush=True,
+            content_type=content_type or DEFAULT_CONTENT_TYPE,
+            if_generation_match=if_generation_match,
+            retry=self._retry if if_generation_match is not None else None,
+            timeout=self._timeout_s,
+        )
+        return GcsUpload(self, blob, writer, chunk)
 
     async def write_file(
         self,

@@ -69,6 +69,36 @@ class _Object:
     data: bytes
 
 
+class MemoryUpload:
+    """`Upload` for MemoryBucket: the bytes gather in memory; finish() is one write."""
+
+    def __init__(
+        self,
+        bucket: MemoryBucket,
+        name: str,
+        if_generation_match: int | None,
+        content_type: str | None,
+    ) -> None:
+        self._bucket, self._name = bucket, name
+        self._precondition, self._content_type = if_generation_match, content_type
+        self._parts: list[bytes] = []
+        self.aborted = False
+
+    async def write(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        self._parts.append(bytes(data))
+
+    async def finish(self) -> ObjectInfo:
+        data = b"".join(self._parts)
+        return await self._bucket._write(
+            "write_file", self._name, data, self._precondition, None, self._content_type
+        )
+
+    async def abort(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.aborted = True
+
+
 class MemoryBucket:
     """An in-memory bucket.  Safe for many trio tasks of one trio run."""
 
@@ -183,6 +213,17 @@ class MemoryBucket:
         data = stored.data[offset : offset + length]
         self._counters["bytes_read"] += len(data)
         return data
+
+    async def open_upload(
+        self,
+        name: str,
+        *,
+        if_generation_match: int | None,
+        chunk_bytes: int,
+        content_type: str | None = None,
+    ) -> MemoryUpload:
+        check_name(name)
+        return MemoryUpload(self, name, if_generation_match, content_type)
 
     async def write_file(
         self,

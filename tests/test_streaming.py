@@ -1,0 +1,117 @@
+"""Streaming writes in the core (MemoryBucket) and through a real mount: in-order writes are
+uploaded while written, anything else falls back to a staged write with the same bytes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+from google.cloud import storage
+
+from tests.conftest import MountFactory
+from tierfs.control import request
+from tierfs.filesystem import Filesystem, Settings
+from tierfs.inodes import ROOT_INO
+from tierfs.storage.memory import MemoryBucket
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+async def streaming_fs(tmp_path: Path) -> AsyncIterator[tuple[Filesystem, MemoryBucket]]:
+    bucket = MemoryBucket("s")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path), max_streams=2, stream_chunk_bytes=MiB)
+    )
+    async with trio.open_nursery() as nursery:
+        fs.spawn = nursery.start_soon
+        yield fs, bucket
+        nursery.cancel_scope.cancel()
+    fs.close()
+
+
+@pytest.mark.trio
+async def test_in_order_writes_stream_and_the_object_appears_at_close(
+    streaming_fs: tuple[Filesystem, MemoryBucket],
+) -> None:
+    fs, bucket = streaming_fs
+    handle, inode = await fs.create(ROOT_INO, "ckpt", os.O_WRONLY)
+    stream = inode.stream
+    assert stream is not None
+    data = os.urandom(3 * MiB + 7)
+    for start in range(0, len(data), 128 * 1024):
+        await fs.write(handle.fh, start, data[start : start + 128 * 1024])
+    await trio.sleep(0.01)
+    assert stream.offset == len(data) and bucket.names() == []  # sent, not made yet
+    assert bytes(await fs.read(handle.fh, 0, 10)) == data[:10]  # reads during the write
+    await fs.release(handle.fh)
+    assert bucket.get("ckpt") == data
+    assert bucket.statistics()["uploads"] == 1
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("disorder", ["random write", "truncate", "rename"])
+async def test_anything_out_of_order_falls_back_with_the_same_bytes(
+    streaming_fs: tuple[Filesystem, MemoryBucket], disorder: str
+) -> None:
+    fs, bucket = streaming_fs
+    handle, inode = await fs.create(ROOT_INO, "f", os.O_RDWR)
+    await fs.write(handle.fh, 0, b"a" * 1000)
+    name = "f"
+    if disorder == "random write":
+        await fs.write(handle.fh, 10, b"B" * 10)
+        expected = b"a" * 10 + b"B" * 10 + b"a" * 980
+    elif disorder == "truncate":
+        await fs.setattr(inode.ino, size=500)
+        expected = b"a" * 500
+    else:
+        await fs.rename(ROOT_INO, "f", ROOT_INO, "g")
+        name, expected = "g", b"a" * 1000
+    assert inode.stream is None
+    await fs.release(handle.fh)
+    assert bucket.names() == [name]
+    assert bucket.get(name) == expected
+
+
+@pytest.mark.trio
+async def test_streams_are_bounded_by_global_max_blocks(
+    streaming_fs: tuple[Filesystem, MemoryBucket],
+) -> None:
+    fs, _ = streaming_fs
+    opened = [await fs.create(ROOT_INO, f"f{i}", os.O_WRONLY) for i in range(3)]
+    assert [inode.stream is not None for _, inode in opened] == [True, True, False]
+    for handle, _ in opened:
+        await fs.release(handle.fh)
+    assert fs._streams == 0
+
+
+def test_a_big_file_is_uploading_before_close(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    mount = mount_factory("--write-block-size-mb=1")
+    data = os.urandom(12 * MiB + 1)
+    with open(mount.path / "model.safetensors", "wb") as handle:
+        for start in range(0, len(data), MiB):
+            handle.write(data[start : start + MiB])
+            handle.flush()
+        # (In-process: a forked child closing its copy of the fd would flush the file.)
+        assert request(str(mount.path), "stats")["gcs"]["bytes_written"] >= 8 * MiB
+        assert list(gcs_client.list_blobs(bucket_name)) == []  # on its way, not an object yet
+    blob = gcs_client.bucket(bucket_name).blob("model.safetensors")
+    assert blob.download_as_bytes() == data
+
+
+def test_random_writes_through_the_mount_fall_back(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    mount = mount_factory("--write-block-size-mb=1")
+    with open(mount.path / "f", "wb") as handle:
+        handle.write(b"x" * (3 * MiB))
+        handle.flush()
+        handle.seek(MiB)
+        handle.write(b"y" * 10)
+    blob = gcs_client.bucket(bucket_name).blob("f")
+    assert blob.download_as_bytes() == b"x" * MiB + b"y" * 10 + b"x" * (2 * MiB - 10)

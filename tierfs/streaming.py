@@ -1,0 +1,83 @@
+"""Streaming writes: a new file written in order is uploaded while it is written.
+
+gcsfuse's ``write:enable-streaming-writes``. A file created through the mount
+gets a `Stream`: each write that continues exactly where the last one ended is
+also handed to a resumable upload (`storage.Upload`), chunk by chunk
+(``write:block-size-mb``), so that close() only sends the last chunk and makes
+the object. The first write that does not fit (a random write, a truncate, an
+mtime set by hand) ends the stream: its upload is abandoned and the file goes
+on as a staged write, uploaded whole at close.
+
+Every write also lands in the staged file, as with staged writes. That costs
+local disk bandwidth, but the fallback above then needs nothing from GCS, reads
+during the write are served locally, and a failed stream never loses a byte
+(gcsfuse instead finalizes what it streamed and downloads it back). Memory per
+stream is bounded: at most ``max_pending`` writes (of up to 1 MiB, FUSE's
+largest) queued, plus the one chunk the upload buffers; a writer faster than
+GCS waits on the queue. The number of concurrent streams is bounded by
+``write:global-max-blocks`` / ``write:max-blocks-per-file``; files beyond that
+are staged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from tierfs.storage import ObjectInfo, Upload
+
+log = logging.getLogger("tierfs.streaming")
+
+
+class Stream:
+    """One new file's upload, fed in order by the writer, sent by a background task."""
+
+    def __init__(self, upload: Upload, max_pending: int) -> None:
+        self.upload = upload
+        self.offset = 0  # bytes accepted so far == where the next in-order write starts
+        self.failed: BaseException | None = None
+        self._send, self._receive = trio.open_memory_channel[bytes](max(1, max_pending))
+        self._sent = trio.Event()
+        self._ended = False
+        self._aborting = False
+
+    async def run(self) -> None:
+        """The sender (spawned once): hands queued writes to the upload in order."""
+        try:
+            async for data in self._receive:
+                if self.failed is None and not self._aborting:
+                    try:
+                        await self.upload.write(data)
+                    except Exception as err:  # keep draining: the writer must not block
+                        self.failed = err
+                        log.warning("streaming upload failed, falling back: %s", err)
+        finally:
+            self._sent.set()
+
+    async def write(self, offset: int, data: bytes) -> bool:
+        """Queue an in-order write; False if it is not in order (or the stream is over):
+        the caller then ends the stream and the file is a staged write from here on."""
+        if self._ended or self.failed is not None or offset != self.offset:
+            return False
+        self.offset += len(data)
+        await self._send.send(bytes(data))
+        return True
+
+    async def finish(self) -> ObjectInfo:
+        """Everything written is sent: make the object (raises what the upload raised)."""
+        self._ended = True
+        await self._send.aclose()
+        await self._sent.wait()
+        if self.failed is not None:
+            raise self.failed
+        return await self.upload.finish()
+
+    async def abort(self) -> None:
+        """Stop; nothing is made. Safe to call at any time, more than once."""
+        self._aborting = True  # the sender drops what is still queued
+        if not self._ended:
+            self._ended = True
+            await self._send.aclose()
+        await self._sent.wait()
+        await self.upload.abort()
