@@ -1055,6 +1055,8 @@ class Filesystem:
                 if inode.staged is None or inode.unlinked:
                     continue
                 await held.enter_async_context(self._lock(inode))
+                if inode.staged is None or inode.unlinked:
+                    continue  # uploaded and let go while we waited for its lock
                 if inode.local_only:
                     self._end_stream(inode)  # its upload named the old path
                     local.append(inode)
