@@ -212,3 +212,21 @@ async def test_metadata_prefetch_lists_a_directory_once_per_ttl(tmp_path: Path) 
         assert requests(bucket) == before  # every sibling came from the cache
         await fs.lookup(d.ino, sorted(f"f{i}" for i in range(30))[20])
         assert requests(bucket) > before  # beyond the prefetch limit: asked GCS
+
+
+async def test_lookups_during_a_prefetch_wait_for_it_instead_of_asking_gcs(
+    tmp_path: Path,
+) -> None:
+    bucket = MemoryBucket("meta")
+    bucket.put("d/", b"")
+    for i in range(20):
+        bucket.put(f"d/f{i}", b"x")
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)), spawn=nursery.start_soon)
+        d = await fs.lookup(ROOT_INO, "d")
+        before = requests(bucket)
+        async with trio.open_nursery() as lookups:
+            for i in range(5):  # a data loader's first stats in a fresh directory
+                lookups.start_soon(fs.lookup, d.ino, f"f{i}")
+        assert requests(bucket) - before == 1  # the one listing answered all five
+        nursery.cancel_scope.cancel()

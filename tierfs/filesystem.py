@@ -214,6 +214,7 @@ class Filesystem:
         self.spawn = spawn
         self._monotonic_s = monotonic_s
         self._prefetched_dirs: dict[str, float] = {}
+        self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
         self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
         # Tell the kernel to drop a cached name (set by the FUSE layer; a no-op in core tests).
         self.kernel_forget: Callable[[int, str], None] = lambda parent_ino, name: None
@@ -282,6 +283,9 @@ class Filesystem:
         parent = self._dir(parent_ino)
         path = self.names.child_path(parent.path, name)
         self._prefetch_listing(parent.path)
+        listing = self._listing_in_flight.get(parent.path)
+        if listing is not None and self.inodes.current(path) is None:
+            await listing.wait()  # one listing answers this and its siblings: no own requests
         inode = await self._resolve(path)
         if inode is None:
             raise NotFound(path)
@@ -295,6 +299,8 @@ class Filesystem:
         s = self.settings
         if self.spawn is None or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
             return
+        if dir_path in self._listing_in_flight:
+            return
         now = self._monotonic_s()
         last = self._prefetched_dirs.get(dir_path)
         if last is not None and now - last < s.metadata_ttl_s:
@@ -302,6 +308,7 @@ class Filesystem:
         if len(self._prefetched_dirs) > 100_000:
             self._prefetched_dirs.clear()
         self._prefetched_dirs[dir_path] = now
+        self._listing_in_flight[dir_path] = trio.Event()
         self.spawn(self._list_in_background, dir_path)
 
     async def _list_in_background(self, dir_path: str) -> None:
@@ -310,6 +317,8 @@ class Filesystem:
                 await self.names.prefetch(dir_path, self.settings.metadata_prefetch_entries)
         except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
             log.debug("metadata prefetch of %r failed: %s", dir_path, err)
+        finally:
+            self._listing_in_flight.pop(dir_path).set()
 
     def remember(self, inode: Inode) -> None:
         """The kernel accepted ``inode`` in a readdir reply."""
