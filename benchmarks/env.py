@@ -69,6 +69,8 @@ class Sizes:
     ckpt_shard_bytes: int
     ckpt_writers: int
     io_block_bytes: int
+    bigwrite_bytes: int
+    stream_rss_bytes: int
     durable_timeout_s: float
     cell_timeout_s: float
 
@@ -89,6 +91,8 @@ FULL = Sizes(
     ckpt_shard_bytes=32 * MiB,
     ckpt_writers=8,
     io_block_bytes=1 * MiB,
+    bigwrite_bytes=1024 * MiB,
+    stream_rss_bytes=4096 * MiB,
     durable_timeout_s=300.0,
     cell_timeout_s=900.0,
 )
@@ -109,6 +113,8 @@ QUICK = Sizes(
     ckpt_shard_bytes=4 * MiB,
     ckpt_writers=4,
     io_block_bytes=1 * MiB,
+    bigwrite_bytes=64 * MiB,
+    stream_rss_bytes=128 * MiB,
     durable_timeout_s=60.0,
     cell_timeout_s=120.0,
 )

@@ -172,6 +172,18 @@ COMPARISONS: tuple[tuple[str, str, tuple[str, str], tuple[str, str]], ...] = (
         ("tierfs-ckpt-serial", "read.cold"),
     ),
     (
+        "big file until close(), gcs-direct upload / tierfs streaming",
+        "plain",
+        ("gcs-direct", "bigwrite.close"),
+        ("tierfs", "bigwrite.close"),
+    ),
+    (
+        "big file until close(), gcs-direct upload / tierfs write-back",
+        "plain",
+        ("gcs-direct", "bigwrite.close"),
+        ("tierfs-wb", "bigwrite.close"),
+    ),
+    (
         "ls -lR warm, tierfs-lists / rclone",
         "plain",
         ("tierfs-lists", "meta.ls_warm"),

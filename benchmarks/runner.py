@@ -64,6 +64,8 @@ class Runner:
 
     @staticmethod
     def metrics(workload: type[Workload]) -> list[Metric]:
+        if workload.own_rss:
+            return list(workload.metrics)
         rss = dataclasses.replace(RSS, key=f"rss.{workload.name}")
         return [*workload.metrics, rss]
 
@@ -179,7 +181,7 @@ class Runner:
                     note,
                     seconds,
                 )
-            else:
+            elif not (metric.optional and status == "ok"):
                 self._add(
                     profile,
                     system_cls.name,

@@ -267,6 +267,28 @@ class TierfsCheckpointSerial(TierfsCheckpoint):
         return [*super().options(cache_dir), "--file-cache-enable-parallel-downloads=false"]
 
 
+class TierfsStaged(Tierfs):
+    """Streaming writes off: the file is staged locally and uploaded whole at close."""
+
+    name = "tierfs-staged"
+    description = "tierfs, --enable-streaming-writes=false (staged writes)"
+    only = ("bigwrite",)
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return ["--enable-streaming-writes=false"]
+
+
+class TierfsWriteBack(Tierfs):
+    """Write-back: close() once the file is durable in the local journal (the cache dir)."""
+
+    name = "tierfs-wb"
+    description = "tierfs, --write-back --cache-dir"
+    only = ("bigwrite",)
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return ["--write-back", f"--cache-dir={cache_dir}"]
+
+
 class TierfsListCache(Tierfs):
     """Listings kept as rclone keeps them (its --dir-cache-time is 5 minutes): the kernel
     list cache and the stat cache on. With tierfs's defaults (gcsfuse's), every readdir
@@ -418,6 +440,8 @@ SYSTEMS: dict[str, type[System]] = {
         TierfsCheckpoint,
         TierfsCheckpointSerial,
         TierfsListCache,
+        TierfsStaged,
+        TierfsWriteBack,
         Rclone,
         GcsDirect,
         LocalDir,
@@ -430,6 +454,8 @@ DEFAULT_SYSTEMS = (
     "tierfs-ckpt",
     "tierfs-ckpt-serial",
     "tierfs-lists",
+    "tierfs-staged",
+    "tierfs-wb",
     "rclone",
     "gcs-direct",
     "local",

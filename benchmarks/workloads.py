@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from benchmarks.data import WrongBytes, check, check_small, crc32c_b64
 from benchmarks.env import DATA_BUCKET, META_BUCKET, Env, Sizes
-from benchmarks.systems import System
+from benchmarks.systems import System, vm_hwm_kib
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Metric:
     unit: str
     higher_is_better: bool = True
     limit: str | None = "gcs"  # "gcs", "local" or None (no ratio against a limit)
+    optional: bool = False  # measured only for some systems: absent shows "-", not an error
 
 
 @dataclass
@@ -150,6 +151,7 @@ class Workload:
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
     metrics: ClassVar[tuple[Metric, ...]] = ()
+    own_rss: ClassVar[bool] = False  # True: no generic "daemon peak RSS" row
 
     def run(self, cell: Cell) -> None:
         raise NotImplementedError
@@ -639,8 +641,88 @@ class Checkpoint(Workload):
             check(f"{where}:{name}", got[name], data)
 
 
+# -- 8. one big checkpoint file, per write mode --------------------------------------------
+
+
+class BigWrite(Workload):
+    """One checkpoint file of ``bigwrite_bytes`` in 1 MiB writes: seconds until close()
+    returns and until the object is in GCS; the daemon's peak RSS while doing it. For the
+    default system (streaming writes), a second daemon then streams ``stream_rss_bytes``
+    (4 GiB in full runs) and its peak RSS is recorded: the memory bound of streaming."""
+
+    name = "bigwrite"
+    title = "one big checkpoint file"
+    metrics = (
+        Metric("bigwrite.close", "big file: until close() returns", "s", False, limit=None),
+        Metric("bigwrite.durable", "big file: until durable in GCS", "s", False, limit=None),
+        Metric("bigwrite.rss", "big file: daemon peak RSS", "MiB", False, None, optional=True),
+        Metric(
+            "bigwrite.rss_stream",
+            "streaming 4 GiB (default options): daemon peak RSS",
+            "MiB",
+            False,
+            None,
+            optional=True,
+        ),
+    )
+    own_rss = True  # its RSS rows say which phase they measure
+
+    def run(self, cell: Cell) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        assert env.pool is not None
+        size = min(sizes.bigwrite_bytes, env.pool.size)
+        data = env.pool.slice(0, size)
+        bucket = cell.scratch_bucket()
+        expected = {"big/ckpt.pt": crc32c_b64(data)}
+        mib = size / (1 << 20)
+        if system.kind == "direct":
+            start = time.monotonic()
+            cell.direct.upload(bucket, "big/ckpt.pt", data)
+            elapsed = time.monotonic() - start
+            cell.wait_durable(bucket, expected, "big/")
+            cell.record("bigwrite.close", elapsed, f"{mib:.0f} MiB, one upload request")
+            cell.record("bigwrite.durable", elapsed)
+            return
+        root = system.mount(bucket)
+        assert root is not None
+        (root / "big").mkdir()
+        path = root / "big" / "ckpt.pt"
+        start = time.monotonic()
+        write_file(path, data, sizes.io_block_bytes)
+        closed = time.monotonic() - start
+        if system.kind == "local":
+            wait_local_durable([path])
+        else:
+            cell.wait_durable(bucket, expected, "big/")
+        durable = time.monotonic() - start
+        cell.record("bigwrite.close", closed, f"{mib:.0f} MiB")
+        cell.record("bigwrite.durable", durable)
+        system.sample_rss()
+        if system.peak_rss_kib is not None:
+            cell.record("bigwrite.rss", system.peak_rss_kib / 1024, f"{mib:.0f} MiB file")
+        if system.name == "tierfs":
+            self._stream_rss(cell, bucket)
+
+    @staticmethod
+    def _stream_rss(cell: Cell, bucket: str) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        assert env.pool is not None
+        root = system.mount(bucket)  # a new daemon: its own peak
+        assert root is not None
+        rounds = max(1, sizes.stream_rss_bytes // env.pool.size)
+        with open(root / "big" / "stream.bin", "wb", buffering=0) as handle:
+            for _ in range(rounds):
+                for offset in range(0, env.pool.size, sizes.io_block_bytes):
+                    handle.write(env.pool.view[offset : offset + sizes.io_block_bytes])
+        peaks = [vm_hwm_kib(pid) for pid in system.daemon_pids()]
+        peak = max((p for p in peaks if p is not None), default=None)
+        if peak is not None:
+            total = rounds * env.pool.size / (1 << 30)
+            cell.record("bigwrite.rss_stream", peak / 1024, f"{total:.2f} GiB streamed")
+
+
 WORKLOADS: dict[str, type[Workload]] = {
-    cls.name: cls for cls in (SeqWrite, SeqRead, RandRead, Metadata, Checkpoint)
+    cls.name: cls for cls in (SeqWrite, SeqRead, RandRead, Metadata, Checkpoint, BigWrite)
 }
 
 RSS = Metric("rss", "daemon peak RSS (VmHWM)", "MiB", higher_is_better=False, limit=None)
