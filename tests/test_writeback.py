@@ -5,6 +5,7 @@ uploaded twice with different content. (Through a real mount: test_mount_writeba
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -63,12 +64,14 @@ async def write_new(fs: Filesystem, name: str, data: bytes, parent: int = ROOT_I
 
 
 async def settle(fs: Filesystem) -> None:
-    """Let the uploader run until nothing is queued (the autojump clock skips sleeps)."""
-    for _ in range(1000):
+    """Let the uploader run until nothing is queued. Bounded in real time: uploads run in
+    worker threads, which the autojump clock (it skips the retry delays) does not wait for."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         await trio.sleep(0.01)
         if fs.uploads_idle():
             return
-    raise AssertionError("uploads did not settle")
+    raise AssertionError(f"uploads did not settle: queued {fs._queued}, failed {fs._failed}")
 
 
 async def test_close_commits_locally_and_the_uploader_makes_it_durable(
@@ -211,16 +214,19 @@ async def test_failed_upload_is_counted_retried_and_reported(
 ) -> None:
     fs = make_fs()
     fs.spawn = nursery.start_soon
-    bucket.fail_next("write_file", BackendError("503 from GCS"), count=3)
+    bucket.fail_next("write_file", BackendError("503 from GCS"), count=2)
     ino = await write_new(fs, "f", b"data")
-    nursery.start_soon(fs.run_uploads, 1, 1.0)
-    await trio.sleep(0.5)  # one attempt failed; the retry waits 1 s
+    nursery.start_soon(fs.run_uploads, 1, 60.0)
+    deadline = time.monotonic() + 10
+    while fs.writeback_counts["failed"] < 1 and time.monotonic() < deadline:
+        await trio.sleep(0.001)  # the first attempt fails; its retry waits 60 s
     stats = fs.statistics()["writeback"]
     assert (stats["failed"], stats["failing"], stats["pending"]) == (1, 1, 1)
-    assert "f" not in bucket.names() and journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    assert "f" not in bucket.names()
+    assert journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
     with pytest.raises(BackendError):  # `tierfs sync` reports it (and tries again)
         await fs.sync_all()
-    await settle(fs)  # the third failure, then a retry that succeeds
+    await settle(fs)  # the retry, 60 s later, succeeds
     assert bucket.get("f") == b"data"
     assert fs.statistics()["writeback"]["failing"] == 0
     assert fs.inodes.get(ino) is None or fs.inodes[ino].staged is None
