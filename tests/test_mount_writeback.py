@@ -18,6 +18,7 @@ from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import TIERFS, Mount, stats
+from tierfs.emulator import Emulator
 
 MiB = 1 << 20
 HOLD = "--write-back-delay-secs=3600"  # keep uploads from starting until we say so
@@ -53,6 +54,10 @@ def test_close_returns_before_upload_and_sync_makes_it_durable(
     assert objects(gcs_client, bucket_name) == {}  # closed, but not uploaded yet
     assert (mount.path / "ckpt.pt").read_bytes() == data  # readers see it meanwhile
     assert stats(mount)["writeback"]["pending"] == 1
+    human = subprocess.run(
+        [TIERFS, "stats", str(mount.path)], capture_output=True, text=True, timeout=60
+    )
+    assert "write-back  pending 1   committed 1   uploaded 0" in human.stdout
     result = tierfs_sync(mount)
     assert (result.returncode, result.stderr) == (0, "")
     assert objects(gcs_client, bucket_name) == {"ckpt.pt": data}
@@ -171,3 +176,57 @@ def test_full_local_disk_is_enospc_and_nothing_partial_reaches_gcs(
     (mount.path / "small").write_bytes(b"fits")  # the mount still works
     assert tierfs_sync(mount).returncode == 0
     assert objects(gcs_client, bucket_name)["small"] == b"fits"
+
+
+def test_sync_of_something_that_is_not_a_mount_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [TIERFS, "sync", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"tierfs: no tierfs mount answers at {tmp_path}: ")
+    assert result.stderr.count("\n") == 1
+    usage = subprocess.run([TIERFS, "sync"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "usage: tierfs sync MOUNTPOINT" in usage.stderr
+
+
+def test_gcs_outage_is_reported_by_sync_and_the_upload_is_retried(tmp_path: Path) -> None:
+    """GCS goes away after close(): the upload fails, is counted, `tierfs sync` says so in
+    one line; GCS comes back: the next sync uploads it. Nothing is lost in between."""
+    store = tmp_path / "gcs"
+    store.mkdir()
+    emulator = Emulator(data_dir=store).start()
+    mount = Mount(
+        emulator,
+        "outage",
+        tmp_path / "mnt",
+        tmp_path / "mnt.log",
+        ["--write-back", f"--cache-dir={tmp_path / 'cache'}", "--max-retry-attempts=1"],
+    )
+    try:
+        emulator.create_bucket("outage")
+        mount.start()
+        mount.expect_errors = True
+        port = emulator.port
+        with open(mount.path / "ckpt.pt", "wb") as handle:  # (a lookup needs GCS)
+            handle.write(b"kept through the outage")
+            emulator.stop()
+        # closed, durable locally; its upload now fails
+        deadline = time.monotonic() + 60
+        while stats(mount)["writeback"]["failing"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stats(mount)["writeback"]["failed"] >= 1
+        result = tierfs_sync(mount)
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1 and "1 file(s) not in GCS yet" in result.stderr
+        assert (mount.path / "ckpt.pt").read_bytes() == b"kept through the outage"
+        emulator = Emulator(data_dir=store, port=port).start()
+        result = tierfs_sync(mount)
+        assert (result.returncode, result.stderr) == (0, "")
+        client = emulator.client()
+        assert client.bucket("outage").blob("ckpt.pt").download_as_bytes() == (
+            b"kept through the outage"
+        )
+        assert stats(mount)["writeback"]["failing"] == 0
+    finally:
+        mount.cleanup()
+        emulator.stop()
