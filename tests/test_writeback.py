@@ -56,6 +56,14 @@ async def nursery() -> AsyncIterator[trio.Nursery]:
         nursery.cancel_scope.cancel()
 
 
+@pytest.fixture
+def live_fs(make_fs: Callable[[], Filesystem], nursery: trio.Nursery) -> Filesystem:
+    """A write-back core with a background nursery (uploads, retries)."""
+    fs = make_fs()
+    fs.spawn = nursery.start_soon
+    return fs
+
+
 async def write_new(fs: Filesystem, name: str, data: bytes, parent: int = ROOT_INO) -> int:
     handle, inode = await fs.create(parent, name, os.O_WRONLY)
     await fs.write(handle.fh, 0, data)
@@ -68,20 +76,16 @@ async def settle(fs: Filesystem) -> None:
     worker threads, which the autojump clock (it skips the retry delays) does not wait for."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        await trio.sleep(0.01)
+        await trio.sleep(0.5)  # with the autojump clock, a 60 s retry passes in 120 steps
         if fs.uploads_idle():
             return
     raise AssertionError(f"uploads did not settle: queued {fs._queued}, failed {fs._failed}")
 
 
 async def test_close_commits_locally_and_the_uploader_makes_it_durable(
-    make_fs: Callable[[], Filesystem],
-    bucket: MemoryBucket,
-    nursery: trio.Nursery,
-    autojump_clock: object,
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
 ) -> None:
-    fs = make_fs()
-    fs.spawn = nursery.start_soon
+    fs = live_fs
     await write_new(fs, "ckpt.bin", b"x" * 10_000)
     # close() returned: the bytes are on local disk, with a record; GCS has nothing yet.
     assert "ckpt.bin" not in bucket.names()
@@ -164,13 +168,9 @@ async def test_another_writer_wins_and_our_bytes_are_kept_aside(
 
 
 async def test_rename_before_upload_is_local_and_uploads_the_final_name(
-    make_fs: Callable[[], Filesystem],
-    bucket: MemoryBucket,
-    nursery: trio.Nursery,
-    autojump_clock: object,
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
 ) -> None:
-    fs = make_fs()
-    fs.spawn = nursery.start_soon
+    fs = live_fs
     step = await fs.mkdir(ROOT_INO, "step_10.orbax-checkpoint-tmp")
     for name in ("a.msgpack", "b.msgpack"):
         await write_new(fs, name, name.encode() * 100, parent=step.ino)
@@ -191,13 +191,9 @@ async def test_rename_before_upload_is_local_and_uploads_the_final_name(
 
 
 async def test_unlink_before_upload_uploads_nothing(
-    make_fs: Callable[[], Filesystem],
-    bucket: MemoryBucket,
-    nursery: trio.Nursery,
-    autojump_clock: object,
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
 ) -> None:
-    fs = make_fs()
-    fs.spawn = nursery.start_soon
+    fs = live_fs
     await write_new(fs, "scratch", b"temporary")
     await fs.unlink(ROOT_INO, "scratch")
     nursery.start_soon(fs.run_uploads, 1)
@@ -207,13 +203,12 @@ async def test_unlink_before_upload_uploads_nothing(
 
 
 async def test_failed_upload_is_counted_retried_and_reported(
-    make_fs: Callable[[], Filesystem],
+    live_fs: Filesystem,
     bucket: MemoryBucket,
     nursery: trio.Nursery,
-    autojump_clock: object,
+    autojump_clock: object,  # (pytest-trio uses a clock only when the test asks for it)
 ) -> None:
-    fs = make_fs()
-    fs.spawn = nursery.start_soon
+    fs = live_fs
     bucket.fail_next("write_file", BackendError("503 from GCS"), count=2)
     ino = await write_new(fs, "f", b"data")
     nursery.start_soon(fs.run_uploads, 1, 60.0)
@@ -233,13 +228,9 @@ async def test_failed_upload_is_counted_retried_and_reported(
 
 
 async def test_conflict_found_by_the_uploader_keeps_our_bytes(
-    make_fs: Callable[[], Filesystem],
-    bucket: MemoryBucket,
-    nursery: trio.Nursery,
-    autojump_clock: object,
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
 ) -> None:
-    fs = make_fs()
-    fs.spawn = nursery.start_soon
+    fs = live_fs
     await write_new(fs, "f", b"ours")
     bucket.put("f", b"theirs")  # another client creates it first
     nursery.start_soon(fs.run_uploads, 1)
