@@ -41,8 +41,7 @@ def _sizes_text(s: Sizes) -> str:
         f" (stat cold time-boxed at {s.meta_stat_seconds:g} s),"
         f" create {s.create_files} x {s.create_file_bytes // 1024} KiB;"
         f" checkpoint {s.ckpt_shards} x {s.ckpt_shard_bytes // MiB} MiB + metadata.json,"
-        f" {s.ckpt_writers} writer threads; one big file of {s.bigwrite_bytes // MiB} MiB"
-        f" (and {s.stream_rss_bytes // MiB} MiB streamed for the RSS bound);"
+        f" {s.ckpt_writers} writer threads; one big file of {s.bigwrite_bytes // MiB} MiB;"
         f" 1 MiB application reads and writes."
     )
 

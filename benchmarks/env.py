@@ -70,7 +70,6 @@ class Sizes:
     ckpt_writers: int
     io_block_bytes: int
     bigwrite_bytes: int
-    stream_rss_bytes: int
     durable_timeout_s: float
     cell_timeout_s: float
 
@@ -92,7 +91,6 @@ FULL = Sizes(
     ckpt_writers=8,
     io_block_bytes=1 * MiB,
     bigwrite_bytes=1024 * MiB,
-    stream_rss_bytes=4096 * MiB,
     durable_timeout_s=300.0,
     cell_timeout_s=900.0,
 )
@@ -114,7 +112,6 @@ QUICK = Sizes(
     ckpt_writers=4,
     io_block_bytes=1 * MiB,
     bigwrite_bytes=64 * MiB,
-    stream_rss_bytes=128 * MiB,
     durable_timeout_s=60.0,
     cell_timeout_s=120.0,
 )

@@ -278,6 +278,19 @@ class TierfsStaged(Tierfs):
         return ["--enable-streaming-writes=false"]
 
 
+class TierfsStream64(Tierfs):
+    """Streaming with 64 MiB chunks, the size of the staged path's upload chunks: the
+    emulator copies the whole object at every chunk it receives (O(n^2) in chunks), so
+    this is the like-for-like streaming vs staged comparison on it."""
+
+    name = "tierfs-stream64"
+    description = "tierfs, --write-block-size-mb=64 (streaming)"
+    only = ("bigwrite",)
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return ["--write-block-size-mb=64"]
+
+
 class TierfsWriteBack(Tierfs):
     """Write-back: close() once the file is durable in the local journal (the cache dir)."""
 
@@ -441,6 +454,7 @@ SYSTEMS: dict[str, type[System]] = {
         TierfsCheckpointSerial,
         TierfsListCache,
         TierfsStaged,
+        TierfsStream64,
         TierfsWriteBack,
         Rclone,
         GcsDirect,
@@ -455,6 +469,7 @@ DEFAULT_SYSTEMS = (
     "tierfs-ckpt-serial",
     "tierfs-lists",
     "tierfs-staged",
+    "tierfs-stream64",
     "tierfs-wb",
     "rclone",
     "gcs-direct",

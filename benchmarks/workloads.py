@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from benchmarks.data import WrongBytes, check, check_small, crc32c_b64
 from benchmarks.env import DATA_BUCKET, META_BUCKET, Env, Sizes
-from benchmarks.systems import System, vm_hwm_kib
+from benchmarks.systems import System
 
 
 @dataclass(frozen=True)
@@ -646,9 +646,8 @@ class Checkpoint(Workload):
 
 class BigWrite(Workload):
     """One checkpoint file of ``bigwrite_bytes`` in 1 MiB writes: seconds until close()
-    returns and until the object is in GCS; the daemon's peak RSS while doing it. For the
-    default system (streaming writes), a second daemon then streams ``stream_rss_bytes``
-    (4 GiB in full runs) and its peak RSS is recorded: the memory bound of streaming."""
+    returns and until the object is in GCS; the daemon's peak RSS while doing it.
+    (Streaming's memory bound over 4 GiB: ``python -m benchmarks.stream_rss``.)"""
 
     name = "bigwrite"
     title = "one big checkpoint file"
@@ -656,14 +655,6 @@ class BigWrite(Workload):
         Metric("bigwrite.close", "big file: until close() returns", "s", False, limit=None),
         Metric("bigwrite.durable", "big file: until durable in GCS", "s", False, limit=None),
         Metric("bigwrite.rss", "big file: daemon peak RSS", "MiB", False, None, optional=True),
-        Metric(
-            "bigwrite.rss_stream",
-            "streaming 4 GiB (default options): daemon peak RSS",
-            "MiB",
-            False,
-            None,
-            optional=True,
-        ),
     )
     own_rss = True  # its RSS rows say which phase they measure
 
@@ -700,25 +691,6 @@ class BigWrite(Workload):
         system.sample_rss()
         if system.peak_rss_kib is not None:
             cell.record("bigwrite.rss", system.peak_rss_kib / 1024, f"{mib:.0f} MiB file")
-        if system.name == "tierfs":
-            self._stream_rss(cell, bucket)
-
-    @staticmethod
-    def _stream_rss(cell: Cell, bucket: str) -> None:
-        env, sizes, system = cell.env, cell.sizes, cell.system
-        assert env.pool is not None
-        root = system.mount(bucket)  # a new daemon: its own peak
-        assert root is not None
-        rounds = max(1, sizes.stream_rss_bytes // env.pool.size)
-        with open(root / "big" / "stream.bin", "wb", buffering=0) as handle:
-            for _ in range(rounds):
-                for offset in range(0, env.pool.size, sizes.io_block_bytes):
-                    handle.write(env.pool.view[offset : offset + sizes.io_block_bytes])
-        peaks = [vm_hwm_kib(pid) for pid in system.daemon_pids()]
-        peak = max((p for p in peaks if p is not None), default=None)
-        if peak is not None:
-            total = rounds * env.pool.size / (1 << 30)
-            cell.record("bigwrite.rss_stream", peak / 1024, f"{total:.2f} GiB streamed")
 
 
 WORKLOADS: dict[str, type[Workload]] = {

@@ -4,6 +4,7 @@ uploaded while written, anything else falls back to a staged write with the same
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -98,7 +99,10 @@ def test_a_big_file_is_uploading_before_close(
             handle.write(data[start : start + MiB])
             handle.flush()
         # (In-process: a forked child closing its copy of the fd would flush the file.)
-        assert request(str(mount.path), "stats")["gcs"]["bytes_written"] >= 8 * MiB
+        deadline = time.monotonic() + 30
+        while request(str(mount.path), "stats")["gcs"]["bytes_written"] < 12 * MiB:
+            assert time.monotonic() < deadline, "the queued writes were never sent"
+            time.sleep(0.05)
         assert list(gcs_client.list_blobs(bucket_name)) == []  # on its way, not an object yet
     blob = gcs_client.bucket(bucket_name).blob("model.safetensors")
     assert blob.download_as_bytes() == data

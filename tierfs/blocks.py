@@ -117,9 +117,12 @@ class Blocks:
 
     async def read_range(self, name: str, generation: int, offset: int, length: int) -> bytes:
         """A random read's own bytes straight from GCS, cached nowhere (a block is the unit
-        of caching; fetching 8 MiB to answer 4 KiB would cost 2,000 times the bytes)."""
-        async with self.downloads:
-            data = await self.bucket.read(name, generation=generation, offset=offset, length=length)
+        of caching; fetching 8 MiB to answer 4 KiB would cost 2,000 times the bytes).
+
+        Not under the downloads limiter: a reader waiting on one small range must not
+        queue behind a whole-object fill's block downloads (measured: QD1 random reads
+        during a 1 GiB fill fell to 13/s). The bucket's own limiter still bounds it."""
+        data = await self.bucket.read(name, generation=generation, offset=offset, length=length)
         self.gcs_ranges += 1
         self.gcs_bytes += len(data)
         return data

@@ -64,7 +64,10 @@ from tierfs.writeback import Journal, Record
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
 log = logging.getLogger("tierfs.fs")
-NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
+NEVER_S = 10.0 * 365 * 24 * 3600
+# Writes (FUSE sends at most 1 MiB each) queued per streaming file while its upload
+# sends a chunk: enough to keep the upload busy, small beside the chunk it buffers.
+STREAM_QUEUE_WRITES = 8  # "-1 = never expires" as a kernel timeout
 BLOCK_SIZE = 4096
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -549,7 +552,7 @@ class Filesystem:
             chunk_bytes=self.settings.stream_chunk_bytes,
             content_type=mimetypes.guess_type(object_name)[0],
         )
-        inode.stream = Stream(upload, max_pending=max(1, self.settings.stream_chunk_bytes >> 20))
+        inode.stream = Stream(upload, max_pending=STREAM_QUEUE_WRITES)
         self._streams += 1
         assert self.spawn is not None
         self.spawn(inode.stream.run)

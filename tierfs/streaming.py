@@ -13,8 +13,10 @@ local disk bandwidth, but the fallback above then needs nothing from GCS, reads
 during the write are served locally, and a failed stream never loses a byte
 (gcsfuse instead finalizes what it streamed and downloads it back). Memory per
 stream is bounded: at most ``max_pending`` writes (of up to 1 MiB, FUSE's
-largest) queued, plus the one chunk the upload buffers; a writer faster than
-GCS waits on the queue. The number of concurrent streams is bounded by
+largest) queued, plus what the upload holds for the chunk it sends
+(google-cloud-storage's BlobWriter buffers a chunk and copies it to send it:
+about 3 x ``write:block-size-mb`` at its peak); a writer faster than GCS waits
+on the queue. The number of concurrent streams is bounded by
 ``write:global-max-blocks`` / ``write:max-blocks-per-file``; files beyond that
 are staged.
 """
