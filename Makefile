@@ -19,8 +19,11 @@ test: $(STAMP) $(TORCH_STAMP)
 # The optional torch extra for the checkpoint tests: tried once; where it cannot be
 # installed those tests skip and say why.
 $(TORCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[torch]' 2>&1 | grep -v "^WARNING: Location" || \
-	  echo "torch could not be installed: the torch checkpoint tests will skip"
+	@if $(PY) -m pip install -q -e '.[torch]' > $(VENV)/torch-install.log 2>&1; then \
+	  echo "torch installed: the torch checkpoint tests run"; \
+	else \
+	  echo "torch could not be installed ($(VENV)/torch-install.log): those tests will skip"; \
+	fi
 	touch $@
 
 lint: $(STAMP)
