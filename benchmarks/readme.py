@@ -19,23 +19,30 @@ README = HERE.parent / "README.md"
 INTRO = """\
 ## Benchmarks
 
-`make bench` (about 20 minutes) and `make bench-quick` (small sizes, under 3
+`make bench` (about 50 minutes) and `make bench-quick` (small sizes, a few
 minutes) start the embedded emulator and run the same workloads on tierfs
 (default options, and the GKE checkpointing `-o` line with `--cache-dir`),
 `rclone mount --vfs-cache-mode full`, the GCS JSON API used directly with
 parallel ranged reads and uploads (the backend limit), a local-disk directory
-and tmpfs (the local limits). Each runs twice: on the plain emulator (RAM,
+and tmpfs (the local limits). A/B variants of tierfs run in one workload each:
+`tierfs-ckpt-serial` (parallel downloads off) in `read`, `tierfs-lists`
+(listings kept 5 minutes, as rclone keeps them) in `meta`, and `tierfs-staged`,
+`tierfs-stream64` (64 MiB chunks) and `tierfs-wb` (write-back) in `bigwrite`,
+one 1 GiB checkpoint file. Each runs twice: on the plain emulator (RAM,
 ~1.5 ms per request) and through a GCS-shaped link (+20 ms per request,
 200 MB/s per connection), since caches and parallelism only show their worth
 on the second. Every byte read back is verified. Results:
 `benchmarks/results/bench-full.{json,md,png}`; how it works: `benchmarks/__init__.py`;
-a py-spy profile of one cell: `python -m benchmarks.profile WORKLOAD SYSTEM`.
+a py-spy profile of one cell: `python -m benchmarks.profile WORKLOAD SYSTEM`;
+streaming's memory bound: `python -m benchmarks.stream_rss`.
 
-Caveats: the emulator shares the 2 CPUs with the system under test; its
-resumable uploads recompute checksums over the whole object per chunk, so
-clients that upload in chunks (tierfs: 64 MiB, rclone: 16 MiB) pay an
-emulator cost that real GCS does not charge, while the direct client uses
-single-request uploads. Compare systems within one run, never across runs.
+Caveats: the emulator shares the 2 CPUs with the system under test. It copies
+the whole object at every resumable-upload chunk it receives (O(n^2) in
+chunks: 28 MB/s for 512 MiB in 32 MiB chunks, 81 MB/s in 256 MiB chunks), so
+clients that upload in chunks (tierfs streaming: 32 MiB, staged: 64 MiB,
+rclone: 16 MiB) pay an emulator cost that real GCS does not charge, while the
+direct client uses single-request uploads. Compare systems within one run,
+never across runs.
 
 Latest full run:
 

@@ -1,8 +1,8 @@
-"""``python -m benchmarks.stream_rss [--gib N] [--block-mb M]``: the memory bound of
+"""``python -m benchmarks.stream_rss [--mib N] [--block-mb M]``: the memory bound of
 streaming writes.
 
 Mounts an emulator bucket with default options (streaming on) and the given
-``write:block-size-mb``, writes one N GiB file in 1 MiB writes, and prints the
+``write:block-size-mb``, writes one N MiB file in 1 MiB writes, and prints the
 daemon's peak RSS (VmHWM) and the rate. The bound under test: peak RSS stays near
 3 x block size + a fixed overhead whatever N is (see tierfs/streaming.py).
 
@@ -33,7 +33,7 @@ TIERFS = str(Path(sys.executable).parent / "tierfs")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stream_rss")
-    parser.add_argument("--gib", type=int, default=1, help="file size in GiB")
+    parser.add_argument("--mib", type=int, default=1024, help="file size in MiB")
     parser.add_argument("--block-mb", type=int, default=32, help="write:block-size-mb")
     args = parser.parse_args(argv)
     piece = os.urandom(1 << 20)
@@ -55,15 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             start = time.monotonic()
             with open(mountpoint / "big", "wb", buffering=0) as handle:
-                for _ in range(args.gib << 10):
+                for _ in range(args.mib):
                     handle.write(piece)
             elapsed = time.monotonic() - start
             peak = max((vm_hwm_kib(pid) or 0) for pid in pids) // 1024
             size = emulator.client().bucket("stream-rss").get_blob("big").size
-            assert size == args.gib << 30, f"object is {size} bytes"
+            assert size == args.mib << 20, f"object is {size} bytes"
             print(
-                f"streamed {args.gib} GiB in {args.block_mb} MiB blocks in {elapsed:.0f} s"
-                f" ({(args.gib << 30) / elapsed / 1e6:.0f} MB/s); daemon peak RSS {peak} MiB"
+                f"streamed {args.mib} MiB in {args.block_mb} MiB blocks in {elapsed:.0f} s"
+                f" ({(args.mib << 20) / elapsed / 1e6:.0f} MB/s); daemon peak RSS {peak} MiB"
             )
         finally:
             subprocess.run([TIERFS, "unmount", str(mountpoint)], check=False)

@@ -64,10 +64,10 @@ from tierfs.writeback import Journal, Record
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
 log = logging.getLogger("tierfs.fs")
-NEVER_S = 10.0 * 365 * 24 * 3600
+NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
 # Writes (FUSE sends at most 1 MiB each) queued per streaming file while its upload
 # sends a chunk: enough to keep the upload busy, small beside the chunk it buffers.
-STREAM_QUEUE_WRITES = 8  # "-1 = never expires" as a kernel timeout
+STREAM_QUEUE_WRITES = 8
 BLOCK_SIZE = 4096
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
