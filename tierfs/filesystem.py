@@ -30,6 +30,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -161,9 +162,9 @@ def read_ahead_bytes(config: Config) -> int:
     return min(wanted, max(block, ram // 4)) if ram else wanted
 
 
-@dataclass(frozen=True)
-class Attr:
-    """The attributes of one inode, as the kernel sees them."""
+class Attr(NamedTuple):
+    """The attributes of one inode, as the kernel sees them. (A NamedTuple: readdir builds
+    one per entry, and a frozen dataclass's __init__ cost 9 % of a warm ``ls -lR``.)"""
 
     ino: int
     mode: int
