@@ -230,3 +230,19 @@ def test_gcs_outage_is_reported_by_sync_and_the_upload_is_retried(tmp_path: Path
     finally:
         mount.cleanup()
         emulator.stop()
+
+
+def test_another_client_wins_before_the_upload_and_our_bytes_are_kept(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    mount = mount_factory("--write-back", HOLD, f"--cache-dir={tmp_path / 'cache'}")
+    mount.expect_errors = True  # the conflict is logged as an ERROR
+    (mount.path / "shared.json").write_bytes(b"ours")  # closed: committed, not uploaded
+    gcs_client.bucket(bucket_name).blob("shared.json").upload_from_string(b"theirs")
+    result = tierfs_sync(mount)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert objects(gcs_client, bucket_name) == {"shared.json": b"theirs"}  # not overwritten
+    journal = next((tmp_path / "cache" / "tierfs-writeback").iterdir())
+    kept = list((journal / "conflicts").iterdir())
+    assert [p.read_bytes() for p in kept] == [b"ours"]  # and ours not lost
+    assert stats(mount)["writeback"]["conflicts"] == 1
