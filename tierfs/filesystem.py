@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import trio
+from cachetools import LRUCache
 
 from mount_options import Config
 from mount_options.derive import file_cache_enabled
@@ -54,6 +55,7 @@ from tierfs.metacache import MetadataCache, size_limit, ttl_s
 from tierfs.namespace import (
     SYMLINK_FLAG_KEY,
     SYMLINK_TARGET_KEY,
+    DirListing,
     Found,
     Namespace,
     check_new_name,
@@ -162,6 +164,10 @@ def read_ahead_bytes(config: Config) -> int:
     return min(wanted, max(block, ram // 4)) if ram else wanted
 
 
+_SYMLINK_MODE = stat.S_IFLNK | 0o777
+LISTED_DIRS = 1024
+
+
 class Attr(NamedTuple):
     """The attributes of one inode, as the kernel sees them. (A NamedTuple: readdir builds
     one per entry, and a frozen dataclass's __init__ cost 9 % of a warm ``ls -lR``.)"""
@@ -211,6 +217,8 @@ class Filesystem:
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
         self.settings = settings
+        self._file_mode = stat.S_IFREG | settings.file_mode
+        self._dir_mode = stat.S_IFDIR | settings.dir_mode
         self.clock_ns = clock_ns
         self.blocks = blocks or Blocks(
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
@@ -239,29 +247,39 @@ class Filesystem:
         self.inodes = InodeTable(root_mtime_ns=clock_ns())
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
+        # Per directory, the entries last built from a kept listing (see _reuse_listed).
+        self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]]]] = LRUCache(
+            maxsize=LISTED_DIRS
+        )
 
     # -- attributes -----------------------------------------------------------------------
 
     def attr(self, inode: Inode) -> Attr:
+        # Called for every entry of every readdir: positional fields, modes precomputed.
         s = self.settings
-        if inode.kind is Kind.DIR:
-            mode = stat.S_IFDIR | s.dir_mode
-        elif inode.kind is Kind.SYMLINK:
-            mode = stat.S_IFLNK | 0o777
+        staged = inode.staged
+        size = inode.size if staged is None else staged.size
+        kind = inode.kind
+        if kind is Kind.FILE:
+            mode, nlink, entry_s = self._file_mode, 1, s.entry_timeout_s
+        elif kind is Kind.DIR:
+            mode, nlink = self._dir_mode, 2
+            entry_s = s.entry_timeout_s if self._confirmed(inode) else 0.0
         else:
-            mode = stat.S_IFREG | s.file_mode
-        size = inode.staged.size if inode.staged is not None else inode.size
+            mode, nlink, entry_s = _SYMLINK_MODE, 1, s.entry_timeout_s
+        if inode.unlinked:
+            nlink = 0
         return Attr(
-            ino=inode.ino,
-            mode=mode,
-            nlink=0 if inode.unlinked else (2 if inode.kind is Kind.DIR else 1),
-            uid=s.uid,
-            gid=s.gid,
-            size=size,
-            mtime_ns=inode.mtime_ns,
-            blocks=(size + 511) // 512,
-            entry_timeout_s=s.entry_timeout_s if self._confirmed(inode) else 0.0,
-            attr_timeout_s=s.attr_timeout_s,
+            inode.ino,
+            mode,
+            nlink,
+            s.uid,
+            s.gid,
+            size,
+            inode.mtime_ns,
+            (size + 511) // 512,
+            entry_s,
+            s.attr_timeout_s,
         )
 
     def _confirmed(self, inode: Inode) -> bool:
@@ -409,24 +427,44 @@ class Filesystem:
 
     async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
         listing = await self.names.list_dir(directory.path)
-        entries: list[tuple[str, Inode]] = []
-        seen: set[str] = set()
-        for part in listing.dirs:
-            path = self.names.child_path(directory.path, part)
-            inode = self.inodes.current(path)
-            if inode is None or inode.kind is not Kind.DIR:
-                inode = self.inodes.make(Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns)
-            entries.append((part, inode))
-            seen.add(part)
-        for entry_name, info in listing.files:
-            path = self.names.child_path(directory.path, entry_name)
-            inode = await self._file_inode(path, info)
-            entries.append((entry_name, inode))
-            seen.add(entry_name)
-        for inode in self.inodes.children(directory.path):
-            if inode.name not in seen and (inode.local_only or inode.staged is not None):
-                entries.append((inode.name, inode))
-        return entries
+        entries = self._reuse_listed(directory.path, listing)
+        if entries is None:
+            entries = []
+            for part in listing.dirs:
+                path = self.names.child_path(directory.path, part)
+                inode = self.inodes.current(path)
+                if inode is None or inode.kind is not Kind.DIR:
+                    inode = self.inodes.make(
+                        Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns
+                    )
+                entries.append((part, inode))
+            for entry_name, info in listing.files:
+                path = self.names.child_path(directory.path, entry_name)
+                entries.append((entry_name, await self._file_inode(path, info)))
+            if self.names.listings is not None:  # else every listing is a new object
+                self._listed[directory.path] = (listing, entries)
+        local = [
+            inode
+            for inode in self.inodes.children(directory.path)
+            if inode.staged is not None or inode.local_only
+        ]
+        if not local:
+            return entries
+        seen = {name for name, _ in entries}
+        return entries + [(inode.name, inode) for inode in local if inode.name not in seen]
+
+    def _reuse_listed(self, dir_path: str, listing: DirListing) -> list[tuple[str, Inode]] | None:
+        """The entries built from this very listing last time, if each is still the current
+        inode of its path. A kept listing (``kernel-list-cache-ttl-secs``) is the same object
+        at every ``ls``; rebuilding its inodes was half of a warm ``ls -lR``'s daemon time."""
+        kept = self._listed.get(dir_path)
+        if kept is None or kept[0] is not listing:
+            return None
+        current = self.inodes.by_path.get
+        for _, inode in kept[1]:
+            if current(inode.path) is not inode:
+                return None
+        return kept[1]
 
     async def mkdir(self, parent_ino: int, name: str) -> Inode:
         path = self._new_path(parent_ino, name)

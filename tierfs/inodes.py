@@ -65,6 +65,9 @@ class Inode:
     crc32c: str | None = None  # of the generation, as GCS reports it
     metadata: dict[str, str] = field(default_factory=dict)
     lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
+    # The FUSE layer's last reply for this inode (its Attr and the kernel struct built from
+    # it), reused while the Attr is equal: readdir of a big directory sends every entry.
+    kernel_entry: tuple[object, object] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:

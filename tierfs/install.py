@@ -50,7 +50,7 @@ def helper_text(target: Path) -> str:
     return (
         "#!/bin/sh\n"
         f"{MARKER}: mount(8) runs this for type tierfs.\n"
-        f"exec {shlex.quote(str(target))} \"$@\"\n"
+        f'exec {shlex.quote(str(target))} "$@"\n'
     )
 
 

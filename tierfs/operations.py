@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 
@@ -139,10 +139,18 @@ class Operations(pyfuse3.Operations):
 
     @_handler
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        attr_of = self.fs.attr
         for name, inode, next_id in await self.fs.readdir(fh, start_id):
-            if not pyfuse3.readdir_reply(
-                token, name.encode("utf-8"), entry(self.fs.attr(inode)), next_id
-            ):
+            # The kernel struct is rebuilt only when the attributes changed: a warm
+            # ``ls -lR`` re-sends the same entries, and building one costs 2 us in Python.
+            attr = attr_of(inode)
+            kept = inode.kernel_entry
+            if kept is not None and kept[0] == attr:
+                attributes = cast(pyfuse3.EntryAttributes, kept[1])
+            else:
+                attributes = entry(attr)
+                inode.kernel_entry = (attr, attributes)
+            if not pyfuse3.readdir_reply(token, name.encode("utf-8"), attributes, next_id):
                 break
             self.fs.remember(inode)
 
