@@ -10,7 +10,9 @@ mount are bounded by one limiter (``file-cache:max-parallel-downloads``).
 `BlockReader` serves one open file's reads. It keeps the last block it used
 (kernel reads are 128 KiB to 1 MiB, blocks are larger), detects sequential
 reading and then prefetches the next blocks in the background, doubling how
-far ahead it goes up to ``sequential-read-size-mb``. With the SSD file cache
+far ahead it goes up to ``sequential-read-size-mb``. With the file cache on and
+parallel downloads off, that read-ahead is one request at a time, in order, as
+gcsfuse's single download stream. With the SSD file cache
 on, the first read at offset 0 (or any first read, with
 ``cache-file-for-range-read``) starts a background job that brings the whole
 object into the cache with ``parallel-downloads-per-file`` workers; readers
@@ -220,6 +222,9 @@ class Blocks:
         finally:
             self._filling.discard(job)
 
+    def filling(self, name: str, generation: int) -> bool:
+        return (name, generation) in self._filling
+
     async def _verify(self, name: str, generation: int, size: int, crc32c: str) -> None:
         checksum = google_crc32c.Checksum()
         for index in range(self.blocks_of(size)):
@@ -274,6 +279,8 @@ class BlockReader:
         self._prefetched_to = -1
         self._last: tuple[int, bytes] | None = None
         self._first = True
+        self._chaining = False  # serial read-ahead: its one task is running
+        self._chain_stop = -1
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         if offset >= self.size or length <= 0:
@@ -328,12 +335,30 @@ class BlockReader:
         if not sequential:
             self._ahead = 0
             return
+        if self.blocks.filling(self.name, self.generation):
+            return  # the fill is this file's read-ahead, ``per_file`` downloads at a time
+        serial = self.fill and self.blocks.per_file == 1
         self._ahead = min(max(1, self._ahead * 2), self.max_ahead)
         start = max(last + 1, self._prefetched_to + 1)
         stop = min(last + self._ahead, self.blocks.blocks_of(self.size) - 1)
-        for index in range(start, stop + 1):
-            self.spawn(self._prefetch, index)
+        if serial:
+            # As gcsfuse without parallel downloads: one request at a time, in order.
+            self._chain_stop = stop
+            if not self._chaining and start <= stop:
+                self._chaining = True
+                self.spawn(self._chain, start)
+        else:
+            for index in range(start, stop + 1):
+                self.spawn(self._prefetch, index)
         self._prefetched_to = max(self._prefetched_to, stop)
+
+    async def _chain(self, index: int) -> None:
+        try:
+            while index <= self._chain_stop:
+                await self._prefetch(index)
+                index += 1
+        finally:
+            self._chaining = False
 
     async def _prefetch(self, index: int) -> None:
         try:
