@@ -71,6 +71,8 @@ class Runner:
 
     def run(self) -> list[Record]:
         for index, profile in enumerate(self.profiles):
+            if index > 0 and any(SYSTEMS[name].network for name in self.systems):
+                self.env.restart_emulator()
             for workload_name in self.workloads:
                 workload = WORKLOADS[workload_name]
                 for system_name in self.systems:
