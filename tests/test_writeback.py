@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from tierfs.errors import BackendError
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
+from tierfs.uploader import Uploader
 from tierfs.writeback import Journal
 
 pytestmark = pytest.mark.trio
@@ -79,7 +81,9 @@ async def settle(fs: Filesystem) -> None:
         await trio.sleep(0.5)  # with the autojump clock, a 60 s retry passes in 120 steps
         if fs.uploads_idle():
             return
-    raise AssertionError(f"uploads did not settle: queued {fs._queued}, failed {fs._failed}")
+    raise AssertionError(
+        f"uploads did not settle: {fs.uploads.waiting()} queued, failed {fs._failed}"
+    )
 
 
 async def test_close_commits_locally_and_the_uploader_makes_it_durable(
@@ -239,3 +243,41 @@ async def test_conflict_found_by_the_uploader_keeps_our_bytes(
     kept = list(fs.journal.conflicts_dir.iterdir())  # type: ignore[union-attr]
     assert [p.read_bytes() for p in kept] == [b"ours"]
     assert fs.statistics()["writeback"]["conflicts"] == 1
+
+
+async def test_uploader_queues_once_retries_with_backoff_and_uploads_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The uploader's policy on its own: a key queued twice is uploaded once; a failure is
+    retried after 5, 10, 20 s; a file committed again during its upload goes up again."""
+    attempts: list[tuple[str, float]] = []
+    fail_first = 3
+    again = {"b": 1}
+
+    async def attempt(item: str) -> bool:
+        attempts.append((item, trio.current_time()))
+        await trio.sleep(1)
+        if item == "a" and sum(1 for name, _ in attempts if name == "a") <= fail_first:
+            return False
+        return True
+
+    def committed_again(item: str) -> bool:
+        if again.get(item, 0) > 0:
+            again[item] -= 1
+            return True
+        return False
+
+    uploader: Uploader[str] = Uploader(attempt, committed_again)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(uploader.run, 2, 5.0)
+        await trio.sleep(0)
+        start = trio.current_time()
+        uploader.queue(1, "a")
+        uploader.queue(1, "a")  # already queued: no second upload
+        uploader.queue(2, "b")
+        while not uploader.idle():
+            await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    a_times = [round(t - start) for name, t in attempts if name == "a"]
+    assert a_times == [0, 6, 17, 38]  # each retry waits 5, 10, 20 s after a 1 s attempt
+    assert [name for name, _ in attempts].count("b") == 2  # committed again once

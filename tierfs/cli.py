@@ -217,7 +217,7 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     from tierfs.mount import serve
 
     logs.setup(config, foreground=ready_fd is None)
-    tune_allocator()
+    tune_allocator(config["ram-cache:block-size-mb"] << 20)
     failures: list[str] = []
 
     def ready(message: str | None) -> None:

@@ -63,6 +63,7 @@ from tierfs.namespace import (
 )
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.streaming import Stream
+from tierfs.uploader import Uploader
 from tierfs.writeback import Journal, Record
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
@@ -210,9 +211,7 @@ class Filesystem:
     ) -> None:
         self.bucket = bucket
         self.journal = journal  # write-back on: close() commits here, uploads run later
-        self._to_upload, self._upload_queue = trio.open_memory_channel[Inode](math.inf)
-        self._queued: set[int] = set()  # waiting for an uploader, or for a retry
-        self._uploading = 0
+        self.uploads = Uploader(self._upload_in_background, self._committed_again)
         self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
@@ -751,48 +750,20 @@ class Filesystem:
         )
 
     def _queue_upload(self, inode: Inode, delay_s: float = 0.0) -> None:
-        if inode.ino in self._queued:
-            return
-        self._queued.add(inode.ino)
-        if delay_s > 0 and self.spawn is not None:
-            self.spawn(self._retry_later, inode, delay_s)
-        else:
-            self._to_upload.send_nowait(inode)
+        self.uploads.queue(inode.ino, inode, delay_s)
+
+    @staticmethod
+    def _committed_again(inode: Inode) -> bool:
+        """Written and committed again while its upload ran: upload once more."""
+        staged = inode.staged
+        return staged is not None and staged.committed and staged.dirty
 
     async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
-        """The write-back uploader (runs until cancelled): ``workers`` uploads at a time; a
-        failed upload is retried after ``retry_s``, doubling up to 5 minutes."""
-        delays: dict[int, float] = {}
-
-        async def worker() -> None:
-            async for inode in self._upload_queue:
-                self._uploading += 1
-                try:
-                    uploaded = await self._upload_in_background(inode)
-                finally:
-                    self._uploading -= 1
-                if uploaded:
-                    self._queued.discard(inode.ino)
-                    delays.pop(inode.ino, None)
-                    staged = inode.staged
-                    if staged is not None and staged.committed and staged.dirty:
-                        self._queue_upload(inode)  # committed again during that upload
-                    continue
-                delay = delays[inode.ino] = min(delays.get(inode.ino, retry_s / 2) * 2, 300.0)
-                assert self.spawn is not None
-                self.spawn(self._retry_later, inode, delay)
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(max(1, workers)):
-                nursery.start_soon(worker)
-
-    async def _retry_later(self, inode: Inode, delay_s: float) -> None:
-        await trio.sleep(delay_s)
-        self._to_upload.send_nowait(inode)  # in _queued all along: nobody else queued it
+        """The write-back uploader (runs until cancelled): see `tierfs.uploader`."""
+        await self.uploads.run(workers, retry_s)
 
     def uploads_idle(self) -> bool:
-        """No upload queued, running or waiting to be retried."""
-        return not self._queued and not self._uploading
+        return self.uploads.idle()
 
     async def _upload_in_background(self, inode: Inode) -> bool:
         """One queued upload; False when it should be tried again later."""
