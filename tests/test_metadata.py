@@ -12,7 +12,7 @@ import trio.testing
 
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
 from tierfs.filesystem import Filesystem, Settings
-from tierfs.inodes import ROOT_INO
+from tierfs.inodes import ROOT_INO, Inode
 from tierfs.metacache import MetadataCache
 from tierfs.namespace import Found
 from tierfs.storage import ObjectInfo
@@ -230,3 +230,28 @@ async def test_lookups_during_a_prefetch_wait_for_it_instead_of_asking_gcs(
                 lookups.start_soon(fs.lookup, d.ino, f"f{i}")
         assert requests(bucket) - before == 1  # the one listing answered all five
         nursery.cancel_scope.cancel()
+
+
+async def test_a_kept_listing_is_not_rebuilt_until_something_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm ``ls`` of a kept listing reuses the inodes built last time (rebuilding them
+    was half the daemon's time); a local change still shows at once."""
+    fs, bucket, _ = make(tmp_path, list_ttl_s=30.0)
+    bucket.put("a", b"1")
+    bucket.put("b", b"22")
+    built: list[str] = []
+    file_inode = fs._file_inode
+
+    async def counting(path: str, info: ObjectInfo) -> Inode:
+        built.append(path)
+        return await file_inode(path, info)
+
+    monkeypatch.setattr(fs, "_file_inode", counting)
+    assert await listing(fs) == {"a", "b"}
+    assert sorted(built) == ["a", "b"]
+    built.clear()
+    assert await listing(fs) == {"a", "b"}
+    assert built == []  # reused
+    await fs.rename(ROOT_INO, "a", ROOT_INO, "c")
+    assert await listing(fs) == {"b", "c"}

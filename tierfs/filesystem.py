@@ -247,8 +247,8 @@ class Filesystem:
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
         # Per directory, the entries last built from a kept listing (see _reuse_listed).
-        self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]]]] = LRUCache(
-            maxsize=LISTED_DIRS
+        self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]], list[str]]] = (
+            LRUCache(maxsize=LISTED_DIRS)
         )
 
     # -- attributes -----------------------------------------------------------------------
@@ -441,7 +441,8 @@ class Filesystem:
                 path = self.names.child_path(directory.path, entry_name)
                 entries.append((entry_name, await self._file_inode(path, info)))
             if self.names.listings is not None:  # else every listing is a new object
-                self._listed[directory.path] = (listing, entries)
+                paths = [inode.path for _, inode in entries]
+                self._listed[directory.path] = (listing, entries, paths)
         local = [
             inode
             for inode in self.inodes.children(directory.path)
@@ -460,8 +461,9 @@ class Filesystem:
         if kept is None or kept[0] is not listing:
             return None
         current = self.inodes.by_path.get
-        for _, inode in kept[1]:
-            if current(inode.path) is not inode:
+        for (_, inode), path in zip(kept[1], kept[2], strict=True):
+            # Still this path's inode, and still at this path (not renamed meanwhile).
+            if current(path) is not inode or inode.path != path:
                 return None
         return kept[1]
 
