@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-SYSPKGS := fuse3 libfuse3-dev pkg-config
+SYSPKGS := fuse3 libfuse3-dev pkg-config patch
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-tried
 
@@ -45,9 +45,10 @@ sysdeps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml | sysdeps
+$(STAMP): pyproject.toml deploy/pyfuse3/build.sh deploy/pyfuse3/cache-readdir.patch | sysdeps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	deploy/pyfuse3/build.sh $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 

@@ -490,7 +490,7 @@ SCHEMA: tuple[Option, ...] = (
         "file-system:kernel-list-cache-ttl-secs",
         _I,
         0,
-        "How long the kernel keeps directory listings; -1 forever, 0 off.",
+        "How long the kernel keeps directory listings (own changes drop them); -1 forever, 0 off.",
         minimum=-1,
     ),
     _opt("file-system:ignore-interrupts", _B, True, "Do not cancel operations on interrupts."),

@@ -255,3 +255,43 @@ async def test_a_kept_listing_is_not_rebuilt_until_something_changes(
     assert built == []  # reused
     await fs.rename(ROOT_INO, "a", ROOT_INO, "c")
     assert await listing(fs) == {"b", "c"}
+
+
+async def test_the_kernel_keeps_its_listing_only_while_ours_is_kept(tmp_path: Path) -> None:
+    """opendir lets the kernel keep its cached listing (FOPEN_KEEP_CACHE) only while the
+    listing it was given is still the kept one: not after the TTL, nor after a change
+    made through this mount."""
+    fs, bucket, clock = make(tmp_path, list_ttl_s=30.0)
+    bucket.put("a", b"1")
+
+    def keeps() -> bool:
+        fh = fs.opendir(ROOT_INO)
+        try:
+            return fs.kernel_may_keep_listing(fh)
+        finally:
+            fs.releasedir(fh)
+
+    assert not keeps()  # the kernel was never given a listing
+    assert await listing(fs) == {"a"}
+    assert keeps()
+    clock.now += 29
+    assert keeps()
+    clock.now += 2  # the TTL has passed: the kernel must ask again
+    assert not keeps()
+    assert await listing(fs) == {"a"}
+    assert keeps()
+    handle, _ = await fs.create(ROOT_INO, "mine", os.O_WRONLY)
+    await fs.release(handle.fh)
+    assert not keeps()
+    assert await listing(fs) == {"a", "mine"}
+    assert keeps()
+    assert fs.statistics()["directories"] == {"opens": 10, "kept": 4, "listings_served": 3}
+
+
+async def test_without_a_list_ttl_the_kernel_never_keeps_a_listing(tmp_path: Path) -> None:
+    fs, bucket, _ = make(tmp_path)
+    bucket.put("a", b"1")
+    assert await listing(fs) == {"a"}
+    fh = fs.opendir(ROOT_INO)
+    assert not fs.kernel_may_keep_listing(fh)
+    fs.releasedir(fh)

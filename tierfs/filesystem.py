@@ -246,7 +246,9 @@ class Filesystem:
         self.inodes = InodeTable(root_mtime_ns=clock_ns())
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
-        # Per directory, the entries last built from a kept listing (see _reuse_listed).
+        self.dir_counts = {"opens": 0, "kept": 0, "listings_served": 0}
+        # Per directory, the entries last built from a kept listing (see _reuse_listed), and
+        # so the listing the kernel was last given (see opendir).
         self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]], list[str]]] = (
             LRUCache(maxsize=LISTED_DIRS)
         )
@@ -409,12 +411,32 @@ class Filesystem:
 
     def opendir(self, ino: int) -> int:
         inode = self._dir(ino)
+        self.dir_counts["opens"] += 1
         return self.dirs.add(DirHandle(self.dirs.next_number(), inode)).fh
+
+    def kernel_may_keep_listing(self, fh: int) -> bool:
+        """Whether the kernel may keep the listing it cached of this handle's directory
+        (``kernel-list-cache-ttl-secs``): only while the listing it was last given is still
+        the one kept here, that is within the TTL and with no change made through this
+        mount since. Otherwise the kernel drops its copy and asks again."""
+        listings = self.names.listings
+        inode = self.dirs[fh].inode
+        given = self._listed.get(inode.path)
+        keep = (
+            listings is not None
+            and given is not None
+            and listings.get(inode.path) is given[0]
+            and self.inodes.by_path.get(inode.path) is inode
+        )
+        if keep:
+            self.dir_counts["kept"] += 1
+        return keep
 
     async def readdir(self, fh: int, start: int) -> list[tuple[str, Inode, int]]:
         """Entries from offset ``start``: (name, inode, next offset)."""
         handle = self.dirs[fh]
         if handle.entries is None or start == 0:
+            self.dir_counts["listings_served"] += 1
             handle.entries = await self._list(handle.inode)
         return [
             (name, inode, index)
@@ -1155,6 +1177,7 @@ class Filesystem:
             "gcs": self.bucket.statistics(),
             "data": self.blocks.statistics(),
             "metadata_cache": self.metadata.statistics(),
+            "directories": dict(self.dir_counts),
             "inodes": len(self.inodes),
             "open_files": len(self.files),
             "writeback": {

@@ -109,10 +109,10 @@ class Namespace:
         self.prefix = only_dir.strip("/") + "/" if only_dir.strip("/") else ""
         self.implicit_dirs = implicit_dirs
         self.cache = cache
-        # Listings kept for ``file-system:kernel-list-cache-ttl-secs``. pyfuse3 cannot ask the
-        # kernel to cache readdir results (FOPEN_CACHE_DIR), so they are kept here instead:
-        # a repeated `ls` costs no GCS request, and this mount's own changes evict the
-        # parent's listing at once, as the kernel's cache would be evicted.
+        # Listings kept for ``file-system:kernel-list-cache-ttl-secs``: a repeated `ls` costs
+        # no GCS request, and this mount's own changes evict the parent's listing at once.
+        # The kernel's own cache of a listing (FOPEN_CACHE_DIR, with the pyfuse3 of
+        # deploy/pyfuse3) is kept exactly as long as the listing it came from stays here.
         self.listings: TTLCache[str, DirListing] | None = (
             TTLCache(maxsize=LISTINGS_KEPT, ttl=list_ttl_s, timer=clock) if list_ttl_s > 0 else None
         )

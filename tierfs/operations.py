@@ -28,6 +28,10 @@ from tierfs.namespace import decode_name, decode_target
 
 log = logging.getLogger("tierfs.fuse")
 
+# pyfuse3 as tierfs builds it (deploy/pyfuse3/) lets opendir ask the kernel to cache
+# listings; a stock pyfuse3 cannot, and the kept listings in the daemon do that job alone.
+KERNEL_LIST_CACHE = "cache_readdir" in dir(pyfuse3.FileInfo)
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -134,8 +138,15 @@ class Operations(pyfuse3.Operations):
         return self.fs.readlink(inode).encode("utf-8")
 
     @_handler
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        return self.fs.opendir(inode)
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int | pyfuse3.FileInfo:
+        fh = self.fs.opendir(inode)
+        if not KERNEL_LIST_CACHE or self.fs.settings.list_ttl_s <= 0:
+            return fh
+        # The kernel caches the listing (FOPEN_CACHE_DIR) and answers a repeated readdir
+        # itself while we let it keep that copy (FOPEN_KEEP_CACHE); its own creates,
+        # unlinks and renames drop the copy too.
+        keep = self.fs.kernel_may_keep_listing(fh)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, cache_readdir=True)  # type: ignore[call-arg]
 
     @_handler
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
