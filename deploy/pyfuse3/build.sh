@@ -11,6 +11,9 @@
 # Idempotent: does nothing when the patched version is already installed.
 set -euo pipefail
 PY=${1:?usage: deploy/pyfuse3/build.sh PYTHON}
+if [[ "$PY" == */* ]]; then  # a path: made absolute (the build runs elsewhere), links kept
+  PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+fi
 VERSION=3.5.0
 LOCAL=tierfs.1
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
