@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.read_rss import mounted
 from benchmarks.systems import vm_hwm_kib
-from tierfs.daemon import daemon_pids
 from tierfs.emulator import Emulator
-
-TIERFS = str(Path(sys.executable).parent / "tierfs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,37 +38,21 @@ def main(argv: list[str] | None = None) -> int:
         emulator.create_bucket("stream-rss")
         mountpoint = Path(scratch) / "mnt"
         mountpoint.mkdir()
-        mount = [
-            TIERFS,
-            "mount",
-            f"--custom-endpoint={emulator.endpoint}",
-            "--anonymous-access",
-            f"--write-block-size-mb={args.block_mb}",
-            "stream-rss",
-            str(mountpoint),
-        ]
-        subprocess.run(mount, check=True)
-        pids = daemon_pids(str(mountpoint))
-        try:
+        with mounted(
+            emulator, "stream-rss", mountpoint, f"--write-block-size-mb={args.block_mb}"
+        ) as pids:
             start = time.monotonic()
             with open(mountpoint / "big", "wb", buffering=0) as handle:
                 for _ in range(args.mib):
                     handle.write(piece)
             elapsed = time.monotonic() - start
             peak = max((vm_hwm_kib(pid) or 0) for pid in pids) // 1024
-            size = emulator.client().bucket("stream-rss").get_blob("big").size
-            assert size == args.mib << 20, f"object is {size} bytes"
-            print(
-                f"streamed {args.mib} MiB in {args.block_mb} MiB blocks in {elapsed:.0f} s"
-                f" ({(args.mib << 20) / elapsed / 1e6:.0f} MB/s); daemon peak RSS {peak} MiB"
-            )
-        finally:
-            subprocess.run([TIERFS, "unmount", str(mountpoint)], check=False)
-            for pid in pids:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
+        size = emulator.client().bucket("stream-rss").get_blob("big").size
+        assert size == args.mib << 20, f"object is {size} bytes"
+        print(
+            f"streamed {args.mib} MiB in {args.block_mb} MiB blocks in {elapsed:.0f} s"
+            f" ({(args.mib << 20) / elapsed / 1e6:.0f} MB/s); daemon peak RSS {peak} MiB"
+        )
     return 0
 
 

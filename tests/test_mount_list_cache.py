@@ -14,7 +14,7 @@ from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import Mount, stats
-from tierfs.operations import KERNEL_LIST_CACHE
+from tierfs.operations import KERNEL_LIST_CACHE, kernel_drops_listings
 
 
 @pytest.fixture
@@ -76,3 +76,19 @@ def test_list_cache_off_asks_the_daemon_every_time(
     gcs_client.bucket(bucket_name).blob("d/b").upload_from_string(b"x")
     assert sorted(os.listdir(d)) == ["a", "b"]
     assert served(mount) == first + 1
+
+
+@pytest.mark.parametrize(
+    ("release", "drops"),
+    [
+        ("6.18.44-fc-v782", True),
+        ("6.13.0", True),
+        ("6.12.9-amd64", False),
+        ("6.9-rc1", False),
+        ("6.8.0-45-generic", True),
+        ("5.15.0", True),
+        ("weird", True),
+    ],
+)
+def test_kernels_that_keep_listings_past_their_ttl_are_known(release: str, drops: bool) -> None:
+    assert kernel_drops_listings(release) is drops

@@ -16,6 +16,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
@@ -31,6 +32,17 @@ log = logging.getLogger("tierfs.fuse")
 # pyfuse3 as tierfs builds it (deploy/pyfuse3/) lets opendir ask the kernel to cache
 # listings; a stock pyfuse3 cannot, and the kept listings in the daemon do that job alone.
 KERNEL_LIST_CACHE = "cache_readdir" in dir(pyfuse3.FileInfo)
+
+
+def kernel_drops_listings(release: str) -> bool:
+    """Whether this kernel drops a cached listing when opendir does not ask to keep it.
+    6.9 to 6.12 do not (fixed by 03f275adb8fb in 6.13; gcsfuse #2792): there the kernel
+    would serve a listing past its TTL, so the daemon keeps listings instead."""
+    version = re.match(r"(\d+)\.(\d+)", release)
+    if version is None:
+        return True
+    return not (6, 9) <= (int(version[1]), int(version[2])) < (6, 13)
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,6 +97,15 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         fs.kernel_forget = self._kernel_forget
+        self.kernel_lists = KERNEL_LIST_CACHE and fs.settings.list_ttl_s > 0
+        release = os.uname().release
+        if self.kernel_lists and not kernel_drops_listings(release):
+            log.warning(
+                "kernel %s keeps cached listings past their TTL (fixed in 6.13): "
+                "listings are kept by tierfs instead, every ls reaches the daemon",
+                release,
+            )
+            self.kernel_lists = False
 
     @staticmethod
     def _kernel_forget(parent_ino: int, name: str) -> None:
@@ -140,7 +161,7 @@ class Operations(pyfuse3.Operations):
     @_handler
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int | pyfuse3.FileInfo:
         fh = self.fs.opendir(inode)
-        if not KERNEL_LIST_CACHE or self.fs.settings.list_ttl_s <= 0:
+        if not self.kernel_lists:
             return fh
         # The kernel caches the listing (FOPEN_CACHE_DIR) and answers a repeated readdir
         # itself while we let it keep that copy (FOPEN_KEEP_CACHE); its own creates,
