@@ -248,7 +248,7 @@ class Filesystem:
         self.dirs: HandleTable[DirHandle] = HandleTable()
         self.dir_counts = {"opens": 0, "kept": 0, "listings_served": 0}
         # Per directory, the entries last built from a kept listing (see _reuse_listed), and
-        # so the listing the kernel was last given (see opendir).
+        # so the listing the kernel was last given (see kernel_may_keep_listing).
         self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]], list[str]]] = (
             LRUCache(maxsize=LISTED_DIRS)
         )
