@@ -154,8 +154,8 @@ SCHEMA: tuple[Option, ...] = (
     _opt(
         "read-ahead-kb",
         _I,
-        0,
-        "Kernel read-ahead of the mount (read_ahead_kb); 0 leaves the kernel default.",
+        1024,
+        "Kernel read-ahead of the mount (read_ahead_kb), for 1 MiB reads; 0 keeps the kernel's.",
         tierfs=True,
         minimum=0,
         maximum=1 << 20,

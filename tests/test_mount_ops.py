@@ -915,3 +915,18 @@ def test_read_ahead_kb_applied(mount_factory: MountFactory) -> None:
     assert device is not None
     with open(f"/sys/class/bdi/{device}/read_ahead_kb", encoding="ascii") as knob:
         assert knob.read().strip() == "1024"
+
+
+def test_read_ahead_is_one_mib_by_default_and_0_keeps_the_kernels(
+    mount_factory: MountFactory,
+) -> None:
+    """By default the kernel sends 1 MiB reads (read_ahead_kb=1024); 0 leaves its value."""
+    values = []
+    for name, args in (("default", ()), ("kernel", ("--read-ahead-kb=0",))):
+        mount = mount_factory(*args, name=name)
+        device = mountpoint.device_of(str(mount.path))
+        assert device is not None
+        with open(f"/sys/class/bdi/{device}/read_ahead_kb", encoding="ascii") as knob:
+            values.append(int(knob.read()))
+    assert values[0] == 1024
+    assert values[1] != 1024

@@ -181,7 +181,8 @@ async def _serve_mounted(
             nursery.start_soon(serve_control, mountpoint, _control_handlers(fs))
             if journal is not None:
                 nursery.start_soon(fs.run_uploads, WRITEBACK_UPLOADS)
-            nursery.start_soon(_announce, mountpoint, config["read-ahead-kb"], ready, signalled)
+            read_ahead = (config["read-ahead-kb"], "read-ahead-kb" in config.assigned)
+            nursery.start_soon(_announce, mountpoint, read_ahead, ready, signalled)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
     finally:
@@ -219,13 +220,18 @@ def describe(error: BaseException) -> str:
 
 async def _announce(
     mountpoint: str,
-    read_ahead_kb: int,
+    read_ahead: tuple[int, bool],
     ready: Callable[[str | None], None],
     stop: trio.Event,
 ) -> None:
     """Say ``ready`` once the mount answers: a statvfs from a thread returns only after the
     kernel's FUSE INIT, served by the request loop running beside it. INIT resets the
-    mount's read-ahead, so ``read_ahead_kb`` is applied here, before announcing."""
+    mount's read-ahead, so ``read_ahead_kb`` is applied here, before announcing.
+
+    ``read_ahead`` is (KiB, asked for by the user). The default, 1 MiB, makes the kernel
+    send 1 MiB reads instead of 128 KiB ones: RAM-tier hits went from 0.8-1.0 to 1.7-2.2
+    GB/s. Where it cannot be set (not root), only a value the user asked for warns."""
+    read_ahead_kb, asked = read_ahead
     try:
         await trio.to_thread.run_sync(os.statvfs, mountpoint)
     except OSError as err:
@@ -238,7 +244,7 @@ async def _announce(
             set_read_ahead(mountpoint, read_ahead_kb)
             log.info("read_ahead_kb=%d on %s", read_ahead_kb, mountpoint)
         except MountError as err:
-            log.warning("%s", err)
+            log.log(logging.WARNING if asked else logging.DEBUG, "%s", err)
     ready(None)
 
 
