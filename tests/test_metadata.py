@@ -295,3 +295,21 @@ async def test_without_a_list_ttl_the_kernel_never_keeps_a_listing(tmp_path: Pat
     fh = fs.opendir(ROOT_INO)
     assert not fs.kernel_may_keep_listing(fh)
     fs.releasedir(fh)
+
+
+async def test_a_lookup_that_asks_gcs_keeps_the_parents_listing(tmp_path: Path) -> None:
+    """Asking GCS about a name changes nothing: the kept listings stay (they used to be
+    dropped, so every cold stat re-listed every ancestor)."""
+    fs, bucket, _ = make(tmp_path, list_ttl_s=30.0)
+    bucket.put("d/", b"")
+    bucket.put("d/a", b"1")
+    assert await listing(fs) == {"d"}
+    d = await fs.lookup(ROOT_INO, "d")  # asks GCS: a listing names no placeholder's info
+    with pytest.raises(NotFound):
+        await fs.lookup(d.ino, "missing")
+    lists = bucket.statistics()["lists"]
+    assert await listing(fs) == {"d"}
+    assert bucket.statistics()["lists"] == lists  # the root's listing was still kept
+    fh = fs.opendir(ROOT_INO)
+    assert fs.kernel_may_keep_listing(fh)
+    fs.releasedir(fh)

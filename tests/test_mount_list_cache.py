@@ -8,12 +8,13 @@ mount show at once, as with gcsfuse."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import Mount, stats
+from tests.mounting import TIERFS, Mount, stats
 from tierfs.operations import KERNEL_LIST_CACHE, kernel_drops_listings
 
 
@@ -45,6 +46,10 @@ def test_the_kernel_answers_a_repeated_listing_itself(
     numbers = stats(cached)["directories"]
     assert numbers["listings_served"] == first
     assert numbers["kept"] >= 3
+    human = subprocess.run(
+        [TIERFS, "stats", str(cached.path)], capture_output=True, text=True, timeout=60
+    )
+    assert f"listings    served {first}   opens {numbers['opens']}" in human.stdout
 
 
 def test_changes_through_the_mount_show_at_once(cached: Mount) -> None:

@@ -131,6 +131,12 @@ def render_statistics(data: dict[str, Any]) -> str:
         f"misses {meta['misses']}   entries {meta['entries']}   {_size(meta['used_bytes'])}",
         f"inodes {data['inodes']}   open files {data['open_files']}",
     ]
+    dirs = data.get("directories")
+    if dirs is not None:
+        lines.append(
+            f"listings    served {dirs['listings_served']}   opens {dirs['opens']}   "
+            f"kept by the kernel {dirs['kept']}"
+        )
     writeback = data.get("writeback", {})
     if writeback.get("enabled"):
         lines.append(

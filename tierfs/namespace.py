@@ -174,7 +174,11 @@ class Namespace:
             if cached is not MISSING:
                 return cached
         found = await self._lookup(path)
-        self.learned(path, found)
+        if self.cache is not None:
+            # Only the answer is cached: asking GCS changed nothing, so the kept listings
+            # of the parents stay (dropping them made every cold stat re-list every
+            # ancestor, the root included, and the kernel drop its copies).
+            self.cache.put(path, found)
         return found
 
     async def _lookup(self, path: str) -> Found | None:
