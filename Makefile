@@ -45,7 +45,7 @@ sysdeps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml deploy/pyfuse3/build.sh deploy/pyfuse3/cache-readdir.patch | sysdeps
+$(STAMP): pyproject.toml deploy/pyfuse3/build.sh deploy/pyfuse3/tierfs.patch | sysdeps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	deploy/pyfuse3/build.sh $(PY)
