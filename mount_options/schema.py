@@ -9,7 +9,7 @@ the generated docs table all read this table, so they cannot disagree.
 gcsfuse's names, defaults and meanings are kept as gcsfuse defines them, so a
 gcsfuse option line means the same here. tierfs's own options carry
 ``tierfs=True`` and live under their own keys (``ram-cache:*``,
-``write:write-back``, ``read-ahead-kb``).
+``write:write-back``, ``read-ahead-kb``, ``file-cache:passthrough``).
 
 Options that gcsfuse accepts but that have no effect in tierfs (gRPC tuning,
 Cloud Profiler, zonal buckets...) are still declared, so that a pasted gcsfuse
@@ -342,6 +342,16 @@ SCHEMA: tuple[Option, ...] = (
         False,
         "Cache the whole object even when the first read starts past offset 0.",
         flag="file-cache-cache-file-for-range-read",
+    ),
+    _opt(
+        "file-cache:passthrough",
+        _B,
+        True,
+        "Let the kernel read a whole cached, sealed object straight from its cache file "
+        "(FUSE passthrough: Linux 6.9+, root); false: every read goes through the daemon, "
+        "each block checked against its CRC32C.",
+        flag="file-cache-passthrough",
+        tierfs=True,
     ),
     _opt(
         "file-cache:enable-parallel-downloads",

@@ -34,12 +34,16 @@ from typing import Any
 
 import google_crc32c
 import trio
+from cachetools import LRUCache
 
 from tierfs.cache import BlockKey, Tier
+from tierfs.cache.ssd import Passthrough, SsdTier
 from tierfs.errors import NotFound
 from tierfs.storage import Bucket
 
 log = logging.getLogger("tierfs.blocks")
+
+UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
 
 Spawn = Callable[..., None]  # start a background task: spawn(async_fn, *args)
 
@@ -71,6 +75,9 @@ class Blocks:
         self.check_crc = check_crc
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
+        # Whole objects brought in but maybe not sealed yet (an unmount may cut the
+        # seal short): `seal_pending` seals what is complete on the way out.
+        self._unsealed: LRUCache[tuple[str, int], int] = LRUCache(maxsize=UNSEALED)
         self.gcs_blocks = 0
         self.gcs_ranges = 0
         self.gcs_bytes = 0
@@ -189,6 +196,8 @@ class Blocks:
             for tier in persistent:
                 await self._put(tier, BlockKey(name, generation, index), data)
         self.stored_local += 1
+        self._unsealed[(name, generation)] = size
+        await self._seal(name, generation, size)
 
     async def fill(self, name: str, generation: int, size: int, crc32c: str | None) -> None:
         """Bring a whole object into the tiers with up to ``per_file`` parallel downloads."""
@@ -196,6 +205,7 @@ class Blocks:
         if job in self._filling:
             return
         self._filling.add(job)
+        self._unsealed[job] = size
         self.fills += 1
         try:
             # The slowest tier is where the object is meant to end up; blocks it already
@@ -217,10 +227,45 @@ class Blocks:
                     nursery.start_soon(worker)
             if self.check_crc and crc32c and missing:
                 await self._verify(name, generation, size, crc32c)
+            await self._seal(name, generation, size)
         except NotFound:
             log.debug("gs://%s#%d changed while being cached", name, generation)
         finally:
             self._filling.discard(job)
+
+    async def seal_pending(self) -> None:
+        """Seal the whole objects brought in whose seal a fill did not get to (at unmount)."""
+        for (name, generation), size in list(self._unsealed.items()):
+            await self._seal(name, generation, size)
+
+    async def _seal(self, name: str, generation: int, size: int) -> None:
+        """Let a tier that keeps whole objects (the SSD tier) seal this one, so that later
+        opens, after a remount too, may read its file directly (FUSE passthrough)."""
+        for tier in self.tiers:
+            if isinstance(tier, SsdTier):
+                try:
+                    if await tier.seal(name, generation, size):
+                        self._unsealed.pop((name, generation), None)
+                except Exception as err:
+                    self.tier_errors += 1
+                    log.warning("%s tier failed to seal gs://%s: %s", tier.name, name, err)
+
+    async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
+        """A pinned whole-object file the kernel may read directly (see `SsdTier.passthrough`),
+        or None. Release it with `unpin`."""
+        for tier in self.tiers:
+            if isinstance(tier, SsdTier):
+                try:
+                    return await tier.passthrough(name, generation, size)
+                except Exception as err:
+                    self.tier_errors += 1
+                    log.warning("%s tier failed to open gs://%s: %s", tier.name, name, err)
+        return None
+
+    def unpin(self, pinned: Passthrough) -> None:
+        for tier in self.tiers:
+            if isinstance(tier, SsdTier):
+                tier.unpin(pinned)
 
     def filling(self, name: str, generation: int) -> bool:
         return (name, generation) in self._filling

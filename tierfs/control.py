@@ -137,6 +137,14 @@ def render_statistics(data: dict[str, Any]) -> str:
             f"listings    served {dirs['listings_served']}   opens {dirs['opens']}   "
             f"kept by the kernel {dirs['kept']}"
         )
+    direct = data.get("passthrough", {})
+    if direct.get("enabled"):
+        ssd = blocks["tiers"].get("ssd", {})
+        lines.append(
+            f"passthrough opens {direct['opens']}   read by the kernel "
+            f"{_size(ssd.get('passthrough_bytes', 0))}   files open {direct['files_open']}   "
+            f"sealed {ssd.get('seals', 0)}   busy {direct['busy']}   failed {direct['failed']}"
+        )
     writeback = data.get("writeback", {})
     if writeback.get("enabled"):
         lines.append(

@@ -75,6 +75,13 @@ class InvalidName(TierfsError):
     errno = errno.EINVAL
 
 
+class Busy(TierfsError):
+    """An open that would conflict with opens the kernel serves from the cache file
+    (FUSE passthrough, see `tierfs.passthrough`)."""
+
+    errno = errno.EBUSY
+
+
 class ReadOnly(TierfsError):
     errno = errno.EROFS
 

@@ -61,6 +61,7 @@ from tierfs.namespace import (
     check_new_name,
     is_symlink,
 )
+from tierfs.passthrough import Backings
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.streaming import Stream
 from tierfs.uploader import Uploader
@@ -104,6 +105,7 @@ class Settings:
     metadata_prefetch_entries: int = 5000
     file_cache: bool = False  # whole objects into the SSD tier on first read
     cache_for_range_read: bool = False
+    passthrough: bool = True  # the kernel may read sealed SSD-tier files directly
     write_back_delay_s: float = 0.0  # with write-back: how long a closed file waits to upload
     max_streams: float = 0  # new files uploaded while written (streaming writes) at a time
     stream_chunk_bytes: int = 32 << 20
@@ -142,6 +144,7 @@ class Settings:
             stream_chunk_bytes=max(1, int(config["write:block-size-mb"] * 4)) << 18,  # 256 KiB
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
+            passthrough=config["file-cache:passthrough"],
         )
 
 
@@ -247,6 +250,8 @@ class Filesystem:
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
         self.dir_counts = {"opens": 0, "kept": 0, "listings_served": 0}
+        # FUSE passthrough; the FUSE layer sets ``backings.files`` when the kernel agreed.
+        self.backings = Backings(self.blocks)
         # Per directory, the entries last built from a kept listing (see _reuse_listed), and
         # so the listing the kernel was last given (see kernel_may_keep_listing).
         self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]], list[str]]] = (
@@ -551,7 +556,17 @@ class Filesystem:
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable:
             self._writable()
+        eligible = (
+            self.settings.passthrough
+            and not writable
+            and not flags & os.O_TRUNC
+            and inode.staged is None
+            and inode.generation != 0
+        )
+        object_name = self.names.file_object(inode.path)
+        backing_id = await self.backings.open(inode, object_name, eligible=eligible)
         handle = self._open_handle(inode, writable=writable, flags=flags)
+        handle.backing_id = backing_id
         try:
             if writable and flags & os.O_TRUNC:
                 await self._truncate(inode, 0)
@@ -668,6 +683,7 @@ class Filesystem:
         handle = self.files.pop(fh)
         if handle is None:
             return
+        self._release_backing(handle)  # first: a next open must see the kernel's state
         try:
             await self._persist(handle.inode)
         finally:
@@ -680,7 +696,13 @@ class Filesystem:
         else:
             await self._commit(inode)
 
+    def _release_backing(self, handle: FileHandle) -> None:
+        if handle.backing_id:
+            handle.backing_id = 0
+            self.backings.release(handle.inode)
+
     def _close_handle(self, handle: FileHandle) -> None:
+        self._release_backing(handle)
         self.files.pop(handle.fh)
         inode = handle.inode
         inode.open_handles -= 1
@@ -1178,6 +1200,7 @@ class Filesystem:
             "data": self.blocks.statistics(),
             "metadata_cache": self.metadata.statistics(),
             "directories": dict(self.dir_counts),
+            "passthrough": self.backings.statistics(),
             "inodes": len(self.inodes),
             "open_files": len(self.files),
             "writeback": {

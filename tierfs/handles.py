@@ -25,6 +25,7 @@ class FileHandle:
     writable: bool
     direct_io: bool = False
     reader: BlockReader | None = None
+    backing_id: int = 0  # FUSE passthrough: the kernel reads the cache file, not us
 
 
 @dataclass(eq=False)

@@ -191,6 +191,8 @@ async def _serve_mounted(
                 await fs.sync_all()
         except Exception as err:
             log.error("pending writes could not be uploaded: %s", err)
+        with trio.CancelScope(shield=True):
+            await fs.blocks.seal_pending()  # so that a remount may read them directly
         fs.close()
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())

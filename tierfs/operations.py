@@ -26,12 +26,15 @@ import pyfuse3
 from tierfs.errors import NotFound, errno_of
 from tierfs.filesystem import NEVER_S, Attr, Filesystem
 from tierfs.namespace import decode_name, decode_target
+from tierfs.passthrough import KernelBackingFiles
 
 log = logging.getLogger("tierfs.fuse")
 
 # pyfuse3 as tierfs builds it (deploy/pyfuse3/) lets opendir ask the kernel to cache
 # listings; a stock pyfuse3 cannot, and the kept listings in the daemon do that job alone.
 KERNEL_LIST_CACHE = "cache_readdir" in dir(pyfuse3.FileInfo)
+# ... and lets open hand the kernel a backing file to read (FUSE passthrough).
+PASSTHROUGH = hasattr(pyfuse3, "backing_open")
 
 
 def kernel_drops_listings(release: str) -> bool:
@@ -98,6 +101,12 @@ class Operations(pyfuse3.Operations):
         self.fs = fs
         fs.kernel_forget = self._kernel_forget
         self.kernel_lists = KERNEL_LIST_CACHE and fs.settings.list_ttl_s > 0
+        # Asked for at INIT (pyfuse3 reads this attribute) only with an SSD tier to read.
+        self.enable_passthrough = (
+            PASSTHROUGH
+            and fs.settings.passthrough
+            and any(tier.name == "ssd" for tier in fs.blocks.tiers)
+        )
         release = os.uname().release
         if self.kernel_lists and not kernel_drops_listings(release):
             log.warning(
@@ -106,6 +115,13 @@ class Operations(pyfuse3.Operations):
                 release,
             )
             self.kernel_lists = False
+
+    def init(self) -> None:
+        """After INIT: pyfuse3 tells whether the kernel agreed to passthrough."""
+        if self.enable_passthrough and getattr(pyfuse3, "passthrough", False):
+            self.fs.backings.files = KernelBackingFiles()
+        elif self.enable_passthrough:
+            log.info("this kernel offers no FUSE passthrough: reads go through tierfs")
 
     @staticmethod
     def _kernel_forget(parent_ino: int, name: str) -> None:
@@ -241,6 +257,10 @@ class Operations(pyfuse3.Operations):
     @_handler
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         handle = await self.fs.open(inode, flags)
+        if handle.backing_id:  # the kernel reads the cache file; KEEP_CACHE is not allowed
+            return pyfuse3.FileInfo(  # type: ignore[call-arg]
+                fh=handle.fh, keep_cache=False, backing_id=handle.backing_id
+            )
         return pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
 
     @_handler

@@ -8,22 +8,29 @@ against ``bucket/name``; exclude wins) and keeps files 0600 and directories 0700
 Unlike gcsfuse's, it survives a remount: an object whose generation is unchanged is
 served from disk with no GCS download.
 
-Layout. One file per block::
+Layout (format 3). One *data file* per object generation, holding the object's bytes
+at their own offsets (sparse where blocks are missing), so that a complete object is a
+plain copy of it: the kernel can read it directly (FUSE passthrough, see `passthrough`),
+as it reads a local file. Beside it, one small *record* per cached block, and a *seal*
+once the object is complete::
 
-    <cache-dir>/tierfs-cache/<sha256(bucket)[:16]>/<hh>/<h>.<generation>.<block_size>.<index>
+    <cache-dir>/tierfs-cache/v3/<sha256(bucket)[:16]>/<hh>/<h>.<generation>.<block_size>.data
+                                                      .../<h>.<generation>.<block_size>.<index>
+                                                      .../<h>.<generation>.<block_size>.seal
 
 where ``h`` is the first 32 hex digits (128 bits) of sha256 of the UTF-8 object name
 and ``hh`` its first two digits (256 fan-out directories). Every path component is
 made of hex digits and decimal integers, so no object name (``../../etc/passwd``,
-``/abs``, 1,024 bytes, newlines...) can reach outside the cache directory, and
-names of any length fit. All the blocks of one object share a prefix and a
-directory, so `discard` needs only the in-memory index; the index itself is rebuilt
-at start from file names and ``stat`` alone (no payload or header is read). The block
-size is part of the name because a block index means different bytes under another
-``ram-cache:block-size-mb``: after such a change old blocks are never served, they
-just age out.
+``/abs``, 1,024 bytes, newlines...) can reach outside the cache directory, and names
+of any length fit. The index is rebuilt at start from file names and ``stat`` alone
+(nothing is read): a block's length follows from its index and the data file's size
+(every block of an object but its last is full). The block size is part of the names
+because a block index means different bytes under another ``ram-cache:block-size-mb``:
+after such a change old blocks are never served, they just age out. Format 2 (one file
+per block, header and payload) lived in ``tierfs-cache/<sha256(bucket)[:16]>``; `open`
+deletes that directory.
 
-File format (little-endian)::
+Record format (little-endian)::
 
     magic  b"TFSB"         4 bytes
     version                u16  (FORMAT_VERSION)
@@ -32,47 +39,61 @@ File format (little-endian)::
     generation             u64
     index                  u64
     block_size             u64
-    length                 u64  payload bytes (<= block_size)
+    length                 u64  payload bytes (<= block_size), at index * block_size
     crc32c                 u32  CRC32C of the payload (google_crc32c: hardware, ~11 GB/s)
     name                   name_len bytes
-    payload                length bytes
 
-A get checks every header field against the key it asked for, that the file is
-exactly header + name + payload long, and the CRC32C of the payload. Any mismatch, a
-short file or a file that is not ours (a symlink is not followed) is counted as
-``corrupt``, deleted, and answered as a miss: the reader fetches the block again
-from GCS. A file that cannot be read at all (EIO...) is counted in ``errors`` and
-dropped the same way.
+A get checks every record field against the key it asked for, that the record is
+exactly header + name long, and the CRC32C of the payload read from the data file.
+Any mismatch, a short file or a file that is not ours (a symlink is not followed) is
+counted as ``corrupt``, dropped, and answered as a miss: the reader fetches the block
+again from GCS. A file that cannot be read at all (EIO...) is counted in ``errors``
+and dropped the same way.
 
-Crash guarantee. A block is written to ``.tmp-<file name>-<random>`` in its final
-directory, then published with ``os.replace``; neither the file nor the directory is
-fsync'd. A daemon crash (kill -9) loses nothing the kernel already holds. A machine
-crash can lose recent names (the block is then absent: a miss) or publish a name
-whose bytes never reached the disk: the header and CRC checks catch that, as they
-catch a broken disk, bit rot or someone editing a file (CRC32C misses random damage
-with probability 2**-32), and the damaged copy is never served. Orphaned temporary
-files are deleted at the next `open`. (An fdatasync per block halved the write rate
-on the benchmark machine, 237 vs 539 MB/s, and bought no correctness the checks do
-not already give.)
-What the tier does not resist is a deliberate forgery with a valid header and CRC;
-hence the 0700 directories. Recency survives restarts too: a hit sets the file's
-mtime, and `open` orders the rebuilt LRU by it (a crash may lose a few of those
-touches, which only changes eviction order).
+Crash guarantee. A block's payload is written into the data file first, then its
+record is written to ``.tmp-<name>-<random>`` and published with ``os.replace``;
+nothing is fsync'd on that path. A daemon crash (kill -9) loses nothing the kernel
+already holds. A machine crash can lose recent records (the block is then absent: a
+miss) or publish a record whose payload never reached the disk: the CRC check catches
+that, as it catches a broken disk, bit rot or someone editing a file, and the damaged
+copy is never served. Orphaned temporaries and data files with no record left are
+deleted at the next `open`. (An fdatasync per block halved the write rate on the
+benchmark machine, 237 vs 539 MB/s, and bought no correctness the checks do not
+already give.)
+
+Seal and passthrough. Once every block of an object is here and was written or
+CRC-checked by this process, `seal` fdatasyncs the data file and records its identity
+(inode, size, mtime and ctime in nanoseconds) in the seal, published like a record.
+`passthrough` hands out a sealed data file whose identity still matches, for the kernel
+to read without the daemon: after a remount, a restore reads it as fast as a local
+file. Any write to the file, by us or by anyone (an editor, ``dd``, a restore from
+backup), changes its ctime, which no one can set back: such a file loses its seal
+and is read block by block with CRC checks again. The seal trusts the disk's own
+checks for bytes that rot silently on the medium after they were synced; use
+``--file-cache-passthrough=false`` to have every read checked. While the kernel reads
+a data file (it is *pinned*), no range of it is ever punched out: evicting one of its
+blocks unlinks the whole file instead, and open readers keep their copy.
+
+What the tier does not resist is a deliberate forgery with a valid record and CRC, or
+a forged seal; hence the 0700 directories. Recency survives restarts too: a hit sets
+its record's mtime, and `open` orders the rebuilt LRU by it (a crash may lose a few of
+those touches, which only changes eviction order).
 
 Accounting and invariants:
 
-- Every file is accounted as its size rounded up to the volume's fragment size (its
-  real footprint). ``used_bytes + pending_bytes <= capacity_bytes`` at every
-  checkpoint: a put reserves its footprint first, evicting least recently used
-  blocks (their files are deleted before the new one is written); a block whose
-  footprint exceeds the capacity is not stored (the reader serves it from GCS). The
-  fan-out directories (256 at most) are not counted.
+- Every block is accounted as its payload plus its record, each rounded up to the
+  volume's fragment size (their real footprint; evicting a block punches its range out
+  of the data file). ``used_bytes + pending_bytes <= capacity_bytes`` at every
+  checkpoint: a put reserves its footprint first, evicting least recently used blocks
+  (their ranges are released before the new one is written); a block whose footprint
+  exceeds the capacity is not stored (the reader serves it from GCS). Directories and
+  seals are not counted.
 - ``max_entries`` bounds the in-memory index (about 300 bytes per block) whatever
   the capacity, so memory stays bounded even with many tiny blocks.
-- A file exists under its final name iff its name is in the index or is in
+- A record exists under its final name iff its stem is in the index or is in
   ``_busy`` (being written or deleted right now); puts of a busy or present block
-  are skipped (same key, same bytes: decision 2). Gets of an absent one miss without
-  touching the disk.
+  are skipped (same key, same bytes: decision 2), and so are puts into an object whose
+  data file is being deleted. Gets of an absent block miss without touching the disk.
 - All blocking file I/O runs in ``trio.to_thread.run_sync`` under the given limiter;
   threads get immutable inputs (paths, bytes, ints) and never touch the index, which
   is changed only on the trio thread, between checkpoints. The writes and deletes
@@ -86,15 +107,19 @@ Accounting and invariants:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import hashlib
 import logging
 import os
 import re
 import secrets
+import shutil
+import stat
 import struct
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import google_crc32c
@@ -109,6 +134,8 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER",
     "MAGIC",
+    "SEAL",
+    "Passthrough",
     "SsdTier",
     "capacity_for",
     "safety_margin",
@@ -121,17 +148,26 @@ GiB = 1 << 30
 AUTO = -1
 """``max_bytes``/``max_size_mb`` value: the volume's free space less `safety_margin`."""
 CACHE_DIR_NAME = "tierfs-cache"
-FORMAT_VERSION = 2  # 2: CRC32C instead of zlib's CRC32
+FORMAT_DIR = "v3"
+FORMAT_VERSION = 3  # 2: CRC32C instead of zlib's CRC32; 3: one data file per object
 MAGIC = b"TFSB"
 HEADER = struct.Struct("<4sHHIQQQQI")
+SEAL_MAGIC = b"TFSS"
+SEAL = struct.Struct("<4sHHQQQqqQ")  # magic, version, 0, generation, block size, size,
+#                                      mtime_ns, ctime_ns, inode; then CRC32C of those
+_SEAL_CRC = struct.Struct("<I")
 DEFAULT_MAX_ENTRIES = 1 << 20
 _NAME_HASH_HEX = 32
 _TMP_PREFIX = ".tmp-"
-_STEM = re.compile(r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9]{1,20}\.[0-9]{1,20}")
+_OBJECT = r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9]{1,20}"
+_STEM = re.compile(_OBJECT + r"\.[0-9]{1,20}")
+_DATA = re.compile(_OBJECT + r"\.data")
+_SEAL_NAME = re.compile(_OBJECT + r"\.seal")
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _U64 = 1 << 64
+_PUNCH_HOLE = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
 
 def safety_margin(total_bytes: int) -> int:
@@ -183,7 +219,39 @@ def _round_up(size: int, unit: int) -> int:
     return -(-size // unit) * unit
 
 
+def _object_of(stem: str) -> str:
+    """``h.generation.block_size`` of a record stem ``h.generation.block_size.index``."""
+    return stem.rsplit(".", 1)[0]
+
+
+def _index_of(stem: str) -> int:
+    return int(stem.rsplit(".", 1)[1])
+
+
 # --- blocking helpers: run in worker threads, see only immutable arguments ---------------
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_fallocate = _libc.fallocate
+_fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def _punch(path: Path, offset: int, length: int) -> None:
+    """Give the disk space of a range of ``path`` back; the file keeps its size.
+
+    A volume without hole punching keeps the bytes (no record points at them, so they
+    are never served; they only occupy space until the object's file goes)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        if _fallocate(fd, _PUNCH_HOLE, offset, length) != 0:
+            code = ctypes.get_errno()
+            if code not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                raise OSError(code, os.strerror(code), str(path))
+    finally:
+        os.close(fd)
 
 
 def _make_dir(path: Path) -> None:
@@ -204,20 +272,46 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def _unlink_all(paths: list[Path]) -> list[tuple[Path, OSError]]:
+@dataclass(frozen=True)
+class _Drop:
+    """Blocks of one object to remove from disk: their records, then their ranges of
+    the data file (``punch``), or the whole data file (``punch is None``)."""
+
+    records: tuple[Path, ...]
+    data: Path
+    seal: Path
+    punch: tuple[tuple[int, int], ...] | None
+
+
+def _apply_drops(drops: list[_Drop]) -> list[tuple[Path, OSError]]:
+    """Carry out ``drops``; return what could not be deleted (the rest is done anyway)."""
     failures = []
-    for path in paths:
-        try:
-            _unlink(path)
-        except OSError as exc:
-            failures.append((path, exc))
+    for drop in drops:
+        targets: list[tuple[Path, int, int] | Path] = [*drop.records, drop.seal]
+        if drop.punch is None:
+            targets.append(drop.data)
+        else:
+            targets.extend((drop.data, offset, length) for offset, length in drop.punch)
+        for target in targets:
+            try:
+                if isinstance(target, tuple):
+                    _punch(*target)
+                else:
+                    _unlink(target)
+            except OSError as exc:
+                failures.append((target[0] if isinstance(target, tuple) else target, exc))
     return failures
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        if offset is None:
+            done = os.write(fd, view)
+        else:
+            done = os.pwrite(fd, view, offset)
+            offset += done
+        view = view[done:]
 
 
 def _header(name: bytes, generation: int, index: int, block_size: int, data: bytes) -> bytes:
@@ -235,40 +329,42 @@ def _header(name: bytes, generation: int, index: int, block_size: int, data: byt
     return fields + name
 
 
-def _write_block(
-    path: Path,
-    name: bytes,
-    generation: int,
-    index: int,
-    block_size: int,
-    data: bytes,
-    victims: list[Path],
-) -> list[tuple[Path, OSError]]:
-    """Delete ``victims``, then publish one block file atomically; return failed deletes.
-
-    Raises OSError (ENOSPC...) after removing its temporary file: nothing partial is
-    ever left under a final name, nor (barring a crash) under a temporary one.
-    """
-    failures = _unlink_all(victims)
-    _make_dir(path.parent)
-    header = _header(name, generation, index, block_size, data)
+def _publish(path: Path, content: bytes) -> None:
+    """Write a small file under a temporary name in its final directory, then rename."""
     tmp = path.with_name(f"{_TMP_PREFIX}{path.name}-{secrets.token_hex(4)}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, _FILE_MODE)
     try:
         try:
             os.fchmod(fd, _FILE_MODE)
-            _write_all(fd, header)
-            _write_all(fd, data)
+            _write_all(fd, content)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             _unlink(tmp)
-        except OSError:
-            pass
         raise
+
+
+def _write_block(
+    record: Path, data_path: Path, header: bytes, data: bytes, offset: int, drops: list[_Drop]
+) -> list[tuple[Path, OSError]]:
+    """Carry out ``drops``, write one block's payload into its object's data file, then
+    publish its record atomically; return failed deletes.
+
+    Raises OSError (ENOSPC...): the record is then not published (a partial payload in
+    the data file is never served, and goes with the file)."""
+    failures = _apply_drops(drops)
+    _make_dir(record.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(data_path, flags, _FILE_MODE)
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        _write_all(fd, data, offset)
+    finally:
+        os.close(fd)
+    _publish(record, header)
     return failures
 
 
@@ -306,97 +402,216 @@ def _read_payload(fd: int, length: int, offset: int) -> bytes:
     return _pread_exact(fd, length, offset)
 
 
-def _read_block(
-    path: Path, name: bytes, generation: int, index: int, block_size: int
-) -> tuple[str, bytes]:
-    """(``"ok"``, payload), (``"missing"``, b"") or (reason it is damaged, b"")."""
+def _open_ours(path: Path) -> int | str:
+    """A read-only descriptor of our regular file at ``path``, or why not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return _MISSING, b""
+        return _MISSING
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return "not a regular file", b""
+            return "not a regular file"
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return "not a regular file"
+    return fd
+
+
+def _read_block(
+    record: Path, data_path: Path, name: bytes, generation: int, index: int, block_size: int
+) -> tuple[str, bytes]:
+    """(``"ok"``, payload), (``"missing"``, b"") or (reason it is damaged, b"")."""
+    fd = _open_ours(record)
+    if isinstance(fd, str):
+        return fd, b""
     try:
         size = os.fstat(fd).st_size
         head_size = HEADER.size + len(name)
         head = _pread_exact(fd, head_size, 0)
         if len(head) < head_size:
-            return f"short header ({size} bytes)", b""
+            return f"short record ({size} bytes)", b""
         magic, version, reserved, name_len, gen, idx, bsize, length, crc = HEADER.unpack_from(head)
         if magic != MAGIC or version != FORMAT_VERSION or reserved != 0:
             return "bad magic or version", b""
         if (name_len, gen, idx, bsize) != (len(name), generation, index, block_size):
-            return "header does not match the key", b""
+            return "record does not match the key", b""
         if head[HEADER.size :] != name:
-            return "header names another object", b""
-        if length > block_size or size != head_size + length:
-            return f"wrong length ({size} bytes on disk, header says {length} + header)", b""
-        payload = _read_payload(fd, length, head_size)
+            return "record names another object", b""
+        if length > block_size or size != head_size:
+            return f"wrong length ({size} bytes on disk, record of {head_size})", b""
+        data_fd = _open_ours(data_path)
+        if isinstance(data_fd, str):
+            return f"data file {'missing' if data_fd == _MISSING else data_fd}", b""
+        try:
+            payload = _read_payload(data_fd, length, index * block_size)
+        finally:
+            os.close(data_fd)
         if len(payload) != length:
             return "short payload", b""
         if google_crc32c.value(payload) != crc:
             return "CRC32C mismatch", b""
-        try:
-            os.utime(fd)
-        except OSError:
-            pass  # recency across restarts is best effort
+        with contextlib.suppress(OSError):
+            os.utime(fd)  # recency across restarts is best effort
         return _OK, payload
     finally:
         os.close(fd)
 
 
+def _seal_bytes(generation: int, block_size: int, st: os.stat_result) -> bytes:
+    fields = SEAL.pack(
+        SEAL_MAGIC,
+        FORMAT_VERSION,
+        0,
+        generation,
+        block_size,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        st.st_ino,
+    )
+    return fields + _SEAL_CRC.pack(google_crc32c.value(fields))
+
+
+def _write_seal(seal: Path, data_path: Path, generation: int, block_size: int, size: int) -> bool:
+    """Sync the data file, then record its identity in ``seal``; False if it is not
+    ``size`` bytes long (then nothing is written)."""
+    fd = _open_ours(data_path)
+    if isinstance(fd, str):
+        return False
+    try:
+        os.fdatasync(fd)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_size != size:
+        return False
+    _publish(seal, _seal_bytes(generation, block_size, st))
+    return True
+
+
+def _check_seal(
+    seal: Path, data_path: Path, generation: int, block_size: int, size: int, records: list[Path]
+) -> bool:
+    """Whether ``seal`` vouches for the data file as it is now; touch ``records`` if so."""
+    fd = _open_ours(seal)
+    if isinstance(fd, str):
+        return False
+    try:
+        raw = _pread_exact(fd, SEAL.size + _SEAL_CRC.size + 1, 0)
+    finally:
+        os.close(fd)
+    try:
+        st = os.stat(data_path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return False
+    if raw != _seal_bytes(generation, block_size, st):
+        return False
+    for record in records:  # a passthrough open is a use of every block
+        with contextlib.suppress(OSError):
+            os.utime(record, follow_symlinks=False)
+    return True
+
+
 @dataclass(frozen=True)
 class _Scan:
-    """What `_prepare` found: files oldest first as (stem, size), and the volume."""
+    """What `_prepare` found: records oldest first as (stem, payload bytes, record bytes),
+    and the volume."""
 
-    files: list[tuple[str, int]]
+    records: list[tuple[str, int, int]]
     temporaries_removed: int
+    old_format_removed: bool
     fragment_bytes: int
     total_bytes: int
     free_bytes: int
 
 
-def _prepare(root: Path, directory: Path) -> _Scan:
-    """Create the cache directories, delete leftover temporaries, list the blocks."""
+@dataclass
+class _Found:
+    records: list[tuple[float, str, int]] = field(default_factory=list)
+    data_sizes: dict[str, int] = field(default_factory=dict)
+    seals: list[Path] = field(default_factory=list)
+
+
+def _scan_fanout(sub: os.DirEntry[str], found: _Found) -> int:
+    removed = 0
+    with os.scandir(sub.path) as files:
+        for entry in files:
+            if entry.name.startswith(_TMP_PREFIX):
+                _unlink(Path(entry.path))
+                removed += 1
+                continue
+            if not entry.name.startswith(sub.name):
+                continue
+            if _SEAL_NAME.fullmatch(entry.name):
+                found.seals.append(Path(entry.path))
+                continue
+            regular = entry.is_file(follow_symlinks=False)
+            if _DATA.fullmatch(entry.name) and regular:
+                st = entry.stat(follow_symlinks=False)
+                found.data_sizes[entry.path[: -len(".data")]] = st.st_size
+            elif _STEM.fullmatch(entry.name) and (regular or entry.is_symlink()):
+                st = entry.stat(follow_symlinks=False)
+                stamp = max(st.st_mtime, st.st_atime)
+                found.records.append((stamp, entry.path, st.st_size))
+    return removed
+
+
+def _prepare(root: Path, directory: Path, old_directory: Path) -> _Scan:
+    """Create the cache directories, delete leftovers (temporaries, data files and seals
+    with no record, the old format's directory), list the records."""
     if not root.is_dir():
         os.makedirs(root.parent, exist_ok=True)
         _make_dir(root)
+    old = old_directory.is_dir() and not old_directory.is_symlink()
+    if old:
+        shutil.rmtree(old_directory, ignore_errors=True)
+    _make_dir(directory.parent.parent)
     _make_dir(directory.parent)
     _make_dir(directory)
-    found: list[tuple[float, str, int]] = []
+    found = _Found()
     removed = 0
     with os.scandir(directory) as subdirs:
         for sub in subdirs:
-            if not (_FANOUT.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False)):
-                continue
-            with os.scandir(sub.path) as files:
-                for entry in files:
-                    if entry.name.startswith(_TMP_PREFIX):
-                        _unlink(Path(entry.path))
-                        removed += 1
-                        continue
-                    if not (
-                        _STEM.fullmatch(entry.name)
-                        and entry.name.startswith(sub.name)
-                        and (entry.is_file(follow_symlinks=False) or entry.is_symlink())
-                    ):
-                        continue
-                    st = entry.stat(follow_symlinks=False)
-                    found.append((max(st.st_mtime, st.st_atime), entry.name, st.st_size))
-    found.sort()
+            if _FANOUT.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False):
+                removed += _scan_fanout(sub, found)
     st = os.statvfs(directory)
+    fragment = st.f_frsize or 4096
+    objects_with_records: set[str] = set()
+    records = []
+    for _stamp, path, record_size in sorted(found.records):
+        obj = _object_of(path)
+        objects_with_records.add(obj)
+        index, block_size = _index_of(path), int(obj.rsplit(".", 1)[1])
+        length = max(0, min(block_size, found.data_sizes.get(obj, 0) - index * block_size))
+        records.append((os.path.basename(path), length, record_size))
+    for obj in set(found.data_sizes) - objects_with_records:
+        _unlink(Path(obj + ".data"))
+    for seal in found.seals:
+        if str(seal)[: -len(".seal")] not in found.data_sizes:
+            _unlink(seal)
     return _Scan(
-        files=[(stem, size) for _, stem, size in found],
+        records=records,
         temporaries_removed=removed,
-        fragment_bytes=st.f_frsize or 4096,
+        old_format_removed=old,
+        fragment_bytes=fragment,
         total_bytes=st.f_blocks * st.f_frsize,
         free_bytes=st.f_bavail * st.f_frsize,
     )
 
 
 # --- the tier ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """A sealed data file the kernel may read directly, pinned until `SsdTier.unpin`."""
+
+    path: Path
+    key: str
+    size: int
 
 
 class SsdTier:
@@ -433,7 +648,8 @@ class SsdTier:
         self.root = Path(root)
         self.bucket = bucket
         bucket_hash = hashlib.sha256(bucket.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        self.directory = self.root / CACHE_DIR_NAME / bucket_hash
+        self.directory = self.root / CACHE_DIR_NAME / FORMAT_DIR / bucket_hash
+        self._old_directory = self.root / CACHE_DIR_NAME / bucket_hash
         self._requested_bytes = max_bytes
         self._max_bytes = max(max_bytes, 0)
         self._max_entries = max_entries
@@ -444,8 +660,15 @@ class SsdTier:
         self._fragment_bytes = 4096
         self._opened = False
         self._index: OrderedDict[str, int] = OrderedDict()
-        self._by_name: dict[str, set[str]] = {}
+        self._objects: dict[str, set[str]] = {}  # object -> its stems in the index
+        self._by_name: dict[str, set[str]] = {}  # name hash -> its objects in the index
         self._busy: set[str] = set()
+        self._busy_objects: set[str] = set()  # data files being deleted
+        self._trusted: set[str] = set()  # stems written or CRC-checked by this process
+        self._sealed: set[str] = set()  # objects whose seal this process wrote or checked
+        self._pins: Counter[str] = Counter()
+        self._writing: Counter[str] = Counter()  # objects with a put under way
+        self._forgets = 0  # blocks ever forgotten: did the index change during an await?
         self._used_bytes = 0
         self._pending_bytes = 0
         self._hits = 0
@@ -455,6 +678,9 @@ class SsdTier:
         self._bytes_written = 0
         self._evictions = 0
         self._errors = 0
+        self._passthrough_opens = 0
+        self._passthrough_bytes = 0
+        self._seals = 0
 
     @classmethod
     async def create(
@@ -497,11 +723,11 @@ class SsdTier:
             self._opened = True
             return
         scan = await trio.to_thread.run_sync(
-            _prepare, self.root, self.directory, limiter=self._limiter
+            _prepare, self.root, self.directory, self._old_directory, limiter=self._limiter
         )
         self._fragment_bytes = scan.fragment_bytes
-        for stem, size in scan.files:
-            self._add(stem, _round_up(size, self._fragment_bytes))
+        for stem, length, record_size in scan.records:
+            self._add(stem, self._footprint(length, record_size))
         if self._requested_bytes == AUTO:
             self._max_bytes = _auto_capacity(scan.total_bytes, scan.free_bytes, self._used_bytes)
             if not self._max_bytes:
@@ -509,16 +735,18 @@ class SsdTier:
                     "SSD cache %s: no free space left on its volume; the cache stores nothing",
                     self.directory,
                 )
-        victims = self._make_room(0)
+        drops = self._make_room(0)
         self._opened = True
         if scan.temporaries_removed:
             log.info(
-                "SSD cache %s: removed %d unfinished block files left by a crash",
+                "SSD cache %s: removed %d unfinished files left by a crash",
                 self.directory,
                 scan.temporaries_removed,
             )
-        if victims:
-            await self._delete(victims)
+        if scan.old_format_removed:
+            log.info("SSD cache: removed %s (an older cache format)", self._old_directory)
+        if drops:
+            await self._delete(drops)
 
     # -- Tier protocol -------------------------------------------------------------------
 
@@ -533,22 +761,21 @@ class SsdTier:
             self._misses += 1
             return None
         self._index.move_to_end(stem)
-        try:
-            status, data = await trio.to_thread.run_sync(
-                _read_block,
-                self._path(stem),
-                name,
-                key.generation,
-                key.index,
-                self._block_size,
-                limiter=self._limiter,
-            )
-        except OSError as exc:
-            status, data = f"unreadable: {exc}", b""
-            self._errors += 1
+        for _attempt in range(2):
+            forgets = self._forgets
+            status, data = await self._read(stem, name, key)
+            if status == _OK or self._forgets == forgets:
+                break
+            # Blocks were dropped while we read: ours may have been punched out (and put
+            # back) under us. That is no damage: read again if it is back, else a miss.
+            if stem not in self._index:
+                self._misses += 1
+                return None
         if status == _OK:
             self._hits += 1
             self._bytes_read += len(data)
+            if stem in self._index:
+                self._trusted.add(stem)
             return data
         self._misses += 1
         if status.startswith("unreadable"):
@@ -561,8 +788,26 @@ class SsdTier:
                 status,
             )
         if stem in self._index:
-            await self._delete([self._forget(stem)])
+            self._forget(stem)
+            # Without a data file of ours, no block of the object can be served.
+            await self._delete(self._drops([stem], whole=status.startswith("data file")))
         return None
+
+    async def _read(self, stem: str, name: bytes, key: BlockKey) -> tuple[str, bytes]:
+        try:
+            return await trio.to_thread.run_sync(
+                _read_block,
+                self._path(stem),
+                self._data_path(_object_of(stem)),
+                name,
+                key.generation,
+                key.index,
+                self._block_size,
+                limiter=self._limiter,
+            )
+        except OSError as exc:
+            self._errors += 1
+            return f"unreadable: {exc}", b""
 
     def holds(self, key: BlockKey) -> bool:
         if not self._max_bytes or not self._wanted(key.name):
@@ -580,15 +825,17 @@ class SsdTier:
             return
         name = _name_bytes(key.name)
         stem = self._stem(name, key)
+        obj = _object_of(stem)
         if stem in self._index:
             self._index.move_to_end(stem)
             return
-        if stem in self._busy:
+        if stem in self._busy or obj in self._busy_objects:
             return
         size = self.footprint(key, len(data))
         if self._pending_bytes + size > self._max_bytes:
             return
-        victims = self._make_room(size)
+        self._writing[obj] += 1  # from now on, making room punches this object's file
+        drops = self._make_room(size)
         self._busy.add(stem)
         self._pending_bytes += size
         data = bytes(data)
@@ -599,12 +846,11 @@ class SsdTier:
                 failures = await trio.to_thread.run_sync(
                     _write_block,
                     self._path(stem),
-                    name,
-                    key.generation,
-                    key.index,
-                    self._block_size,
+                    self._data_path(obj),
+                    _header(name, key.generation, key.index, self._block_size, data),
                     data,
-                    [self._path(v) for v in victims],
+                    key.index * self._block_size,
+                    drops,
                     limiter=self._limiter,
                 )
             stored = True
@@ -614,19 +860,27 @@ class SsdTier:
         finally:
             self._pending_bytes -= size
             self._busy.discard(stem)
-            self._busy.difference_update(victims)
+            self._writing[obj] -= 1
+            if not self._writing[obj]:
+                del self._writing[obj]
+            self._release(drops)
         self._count_delete_failures(failures)
         if stored:
             self._add(stem, size)
+            self._trusted.add(stem)
             self._bytes_written += len(data)
 
     async def discard(self, name: str, generation: int | None = None) -> None:
         self._check_open()
         name_hash = _name_hash(_name_bytes(name))
-        stems = self._by_name.get(name_hash, ())
+        objects = self._by_name.get(name_hash, ())
         prefix = f"{name_hash}." if generation is None else f"{name_hash}.{generation}."
-        chosen = [stem for stem in stems if stem.startswith(prefix)]
-        await self._delete([self._forget(stem) for stem in chosen])
+        stems = [
+            stem for obj in list(objects) if obj.startswith(prefix) for stem in self._objects[obj]
+        ]
+        for stem in stems:
+            self._forget(stem)
+        await self._delete(self._drops(stems, whole=True))
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -641,18 +895,120 @@ class SsdTier:
             "capacity_bytes": self._max_bytes,
             "entries": len(self._index),
             "errors": self._errors,
+            "seals": self._seals,
+            "passthrough_opens": self._passthrough_opens,
+            "passthrough_bytes": self._passthrough_bytes,
         }
+
+    # -- whole objects: seal and passthrough --------------------------------------------
+
+    async def seal(self, name: str, generation: int, size: int) -> bool:
+        """Seal an object every block of which is here and was written or CRC-checked by
+        this process: sync its data file and record its identity. True if it is sealed."""
+        self._check_open()
+        obj = self._complete(name, generation, size)
+        if obj is None:
+            return False
+        if obj in self._sealed:
+            return True
+        if not self._objects[obj] <= self._trusted:
+            return False
+        forgets = self._forgets
+        try:
+            with trio.CancelScope(shield=True):
+                sealed = await trio.to_thread.run_sync(
+                    _write_seal,
+                    self._seal_path(obj),
+                    self._data_path(obj),
+                    generation,
+                    self._block_size,
+                    size,
+                    limiter=self._limiter,
+                )
+        except OSError as exc:
+            self._errors += 1
+            log.warning("SSD cache: cannot seal gs://%s#%d: %s", name, generation, exc)
+            return False
+        if sealed and self._forgets == forgets:
+            self._sealed.add(obj)
+            self._seals += 1
+            return True
+        return False
+
+    async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
+        """The object's data file, pinned, if the tier holds all of it under a seal that
+        still matches (checked once per object per process) or it can seal it now; else
+        None. Every block counts as used. Release with `unpin`."""
+        self._check_open()
+        obj = self._complete(name, generation, size)
+        if obj is None or not size:
+            return None
+        if obj not in self._sealed:
+            records = [self._path(stem) for stem in self._objects[obj]]
+            forgets = self._forgets
+            try:
+                valid = await trio.to_thread.run_sync(
+                    _check_seal,
+                    self._seal_path(obj),
+                    self._data_path(obj),
+                    generation,
+                    self._block_size,
+                    size,
+                    records,
+                    limiter=self._limiter,
+                )
+            except OSError as exc:
+                log.warning("SSD cache: cannot check the seal of gs://%s: %s", name, exc)
+                valid = False
+            if valid and self._forgets == forgets:
+                self._sealed.add(obj)
+            elif not await self.seal(name, generation, size):
+                return None
+        if obj not in self._sealed or obj in self._busy_objects:
+            return None
+        for stem in self._objects[obj]:
+            self._index.move_to_end(stem)
+        self._pins[obj] += 1
+        self._passthrough_opens += 1
+        self._passthrough_bytes += size
+        return Passthrough(self._data_path(obj), obj, size)
+
+    def unpin(self, handle: Passthrough) -> None:
+        """The kernel no longer reads ``handle``'s file through that open."""
+        self._pins[handle.key] -= 1
+        if self._pins[handle.key] <= 0:
+            del self._pins[handle.key]
+
+    def _complete(self, name: str, generation: int, size: int) -> str | None:
+        """The object's key if every block of a ``size``-byte object is in the index."""
+        if not self._max_bytes or not self._wanted(name):
+            return None
+        obj = f"{_name_hash(_name_bytes(name))}.{generation}.{self._block_size}"
+        stems = self._objects.get(obj)
+        blocks = -(-size // self._block_size)
+        if stems is None or len(stems) != blocks:
+            return None
+        return obj
 
     # -- helpers -------------------------------------------------------------------------
 
     def footprint(self, key: BlockKey, length: int) -> int:
-        """Bytes of cache a block of ``length`` payload bytes costs (header included,
-        rounded up to the volume's fragment size)."""
-        return _round_up(HEADER.size + len(_name_bytes(key.name)) + length, self._fragment_bytes)
+        """Bytes of cache a block of ``length`` payload bytes costs (its record included,
+        each rounded up to the volume's fragment size)."""
+        return self._footprint(length, HEADER.size + len(_name_bytes(key.name)))
+
+    def _footprint(self, length: int, record_size: int) -> int:
+        return _round_up(length, self._fragment_bytes) + _round_up(
+            record_size, self._fragment_bytes
+        )
 
     def path_of(self, key: BlockKey) -> Path:
-        """Where the block of ``key`` lives (whether or not it is cached)."""
+        """Where the record of ``key`` lives (whether or not it is cached)."""
         return self._path(self._stem(_name_bytes(key.name), key))
+
+    def data_path_of(self, name: str, generation: int) -> Path:
+        """Where the data file of an object generation lives (whether or not it exists)."""
+        return self._data_path(f"{_name_hash(_name_bytes(name))}.{generation}.{self._block_size}")
 
     def _check_open(self) -> None:
         if not self._opened:
@@ -672,52 +1028,103 @@ class SsdTier:
     def _path(self, stem: str) -> Path:
         return self.directory / stem[:2] / stem
 
+    def _data_path(self, obj: str) -> Path:
+        return self.directory / obj[:2] / f"{obj}.data"
+
+    def _seal_path(self, obj: str) -> Path:
+        return self.directory / obj[:2] / f"{obj}.seal"
+
     def _describe(self, key: BlockKey) -> str:
         return f"block {key.index} of {key.name!r} (generation {key.generation})"
 
     def _add(self, stem: str, size: int) -> None:
         self._index[stem] = size
         self._used_bytes += size
-        self._by_name.setdefault(stem[:_NAME_HASH_HEX], set()).add(stem)
+        obj = _object_of(stem)
+        self._objects.setdefault(obj, set()).add(stem)
+        self._by_name.setdefault(stem[:_NAME_HASH_HEX], set()).add(obj)
 
-    def _forget(self, stem: str) -> str:
-        """Take ``stem`` out of the index (its file is still to be deleted)."""
+    def _forget(self, stem: str) -> None:
+        """Take ``stem`` out of the index (its record is still to be deleted)."""
         self._used_bytes -= self._index.pop(stem)
-        stems = self._by_name[stem[:_NAME_HASH_HEX]]
+        self._forgets += 1
+        self._trusted.discard(stem)
+        obj = _object_of(stem)
+        self._sealed.discard(obj)
+        stems = self._objects[obj]
         stems.discard(stem)
         if not stems:
-            del self._by_name[stem[:_NAME_HASH_HEX]]
-        return stem
+            del self._objects[obj]
+            objects = self._by_name[stem[:_NAME_HASH_HEX]]
+            objects.discard(obj)
+            if not objects:
+                del self._by_name[stem[:_NAME_HASH_HEX]]
 
-    def _make_room(self, size: int) -> list[str]:
-        """Evict LRU blocks until ``size`` more bytes (and one more entry) fit; mark them busy.
+    def _drops(self, stems: list[str], *, whole: bool = False) -> list[_Drop]:
+        """What to delete for ``stems`` (already forgotten), object by object; mark busy.
 
-        The caller deletes their files. Requires pending + size <= capacity.
-        """
+        An object with no block left, or pinned by a passthrough open (whose file the
+        kernel reads: a punched range would read as zeros), loses its whole data file;
+        the pinned object's other blocks are forgotten with it."""
+        by_object: dict[str, list[str]] = {}
+        for stem in stems:
+            by_object.setdefault(_object_of(stem), []).append(stem)
+        drops = []
+        for obj, gone in by_object.items():
+            remaining = self._objects.get(obj, set())
+            if remaining and (whole or obj in self._pins):
+                gone.extend(remaining)
+                for stem in list(remaining):
+                    self._forget(stem)
+                remaining = set()
+            punch = None
+            if remaining or (obj in self._writing and obj not in self._pins):
+                size = self._block_size
+                punch = tuple((_index_of(stem) * size, size) for stem in gone)
+            else:
+                self._busy_objects.add(obj)
+            self._busy.update(gone)
+            drops.append(
+                _Drop(
+                    tuple(self._path(s) for s in gone),
+                    self._data_path(obj),
+                    self._seal_path(obj),
+                    punch,
+                )
+            )
+        return drops
+
+    def _release(self, drops: list[_Drop]) -> None:
+        for drop in drops:
+            self._busy.difference_update(p.name for p in drop.records)
+            if drop.punch is None:
+                self._busy_objects.discard(drop.data.name.removesuffix(".data"))
+
+    def _make_room(self, size: int) -> list[_Drop]:
+        """Evict LRU blocks until ``size`` more bytes (and one more entry) fit; return what
+        to delete (marked busy). Requires pending + size <= capacity."""
         victims: list[str] = []
         entries = 1 if size else 0
         while self._index and (
             self._used_bytes + self._pending_bytes + size > self._max_bytes
             or len(self._index) + entries > self._max_entries
         ):
-            victims.append(self._forget(next(iter(self._index))))
+            stem = next(iter(self._index))
+            self._forget(stem)
+            victims.append(stem)
         self._evictions += len(victims)
-        self._busy.update(victims)
-        return victims
+        return self._drops(victims)
 
-    async def _delete(self, stems: list[str]) -> None:
-        """Delete the files of ``stems`` (already forgotten), busy until done."""
-        if not stems:
+    async def _delete(self, drops: list[_Drop]) -> None:
+        """Carry out ``drops`` (from `_drops`), busy until done."""
+        if not drops:
             return
-        self._busy.update(stems)
         failures: list[tuple[Path, OSError]] = []
         try:
             with trio.CancelScope(shield=True):
-                failures = await trio.to_thread.run_sync(
-                    _unlink_all, [self._path(s) for s in stems], limiter=self._limiter
-                )
+                failures = await trio.to_thread.run_sync(_apply_drops, drops, limiter=self._limiter)
         finally:
-            self._busy.difference_update(stems)
+            self._release(drops)
         self._count_delete_failures(failures)
 
     def _count_delete_failures(self, failures: list[tuple[Path, OSError]]) -> None:

@@ -1,0 +1,151 @@
+"""FUSE passthrough: the kernel reads a whole cached object straight from its SSD-tier file.
+
+Why: through the daemon, every 1 MiB read is a round trip and two copies (disk to the
+daemon, the daemon to the kernel), and a restore after a remount reached 0.38 of a local
+disk read. With passthrough (Linux 6.9+, libfuse 3.16+, CAP_SYS_ADMIN) the open file is
+bound to a backing file, and reads and mmap go to it inside the kernel, as on a local
+file; the daemon sees only OPEN and RELEASE. The backing file is the object's data file
+in the SSD tier, handed out only when it is complete and sealed (`SsdTier.passthrough`).
+
+The kernel's rules (``fs/fuse/iomode.c``) that shape `Backings`:
+
+- All passthrough opens of one inode must name the *same* backing id, else the open
+  fails with EIO: the id is registered once per inode and shared, then released by
+  the last RELEASE.
+- While an inode has passthrough opens, any other open of it fails with EIO (writes
+  would go to the cache file, not GCS): we refuse those opens first, with EBUSY, which
+  says what is going on.
+- While an inode has ordinary (page-cached) opens, a passthrough open would fail: such
+  opens are served the ordinary way.
+- ``FOPEN_KEEP_CACHE`` is not allowed with passthrough (the operations layer leaves it
+  off).
+
+The daemon learns of a close only when the RELEASE arrives, after the kernel forgot the
+file: its counts may lag behind the kernel's, never run ahead of them, so the rules
+above err on the side of an ordinary open, or of EBUSY in that short window.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tierfs.blocks import Blocks
+from tierfs.cache.ssd import Passthrough
+from tierfs.errors import Busy
+from tierfs.inodes import Inode
+
+log = logging.getLogger("tierfs.fuse")
+
+
+class BackingFiles(Protocol):
+    """The kernel's table of backing files (pyfuse3's two ioctls, or a fake in tests)."""
+
+    def open(self, path: Path) -> int:
+        """Register the file at ``path``; its id. Raises OSError."""
+        ...
+
+    def close(self, backing_id: int) -> None:
+        """Release an id from `open`. Raises OSError."""
+        ...
+
+
+@dataclass
+class Shared:
+    """One inode's backing file, shared by all its passthrough opens."""
+
+    backing_id: int
+    pinned: Passthrough
+    generation: int
+    handles: int = 1
+
+
+@dataclass
+class Backings:
+    """Which opens get passthrough, and the per-inode backing ids; one per mount."""
+
+    blocks: Blocks
+    files: BackingFiles | None = None  # None: the kernel did not agree (or not root)
+
+    def __post_init__(self) -> None:
+        self._shared: dict[int, Shared] = {}  # ino -> its backing, while opens hold it
+        self.counts = {"opens": 0, "busy": 0, "failed": 0}
+
+    def statistics(self) -> dict[str, object]:
+        """For `tierfs stats`: opens given passthrough, refused (EBUSY), failed, and the
+        files the kernel reads directly now."""
+        return {"enabled": self.files is not None, **self.counts, "files_open": len(self._shared)}
+
+    async def open(self, inode: Inode, object_name: str, *, eligible: bool) -> int:
+        """The backing id for a new open of ``inode`` (0: an ordinary open). ``eligible``:
+        a read-only open of a clean object. Raises `Busy` where the kernel would refuse."""
+        shared = self._shared.get(inode.ino)
+        if shared is not None:
+            if eligible and shared.generation == inode.generation:
+                shared.handles += 1
+                self.counts["opens"] += 1
+                return shared.backing_id
+            self.counts["busy"] += 1
+            raise Busy(f"{inode.path}: open for reading straight from the cache")
+        if not eligible or self.files is None or inode.open_handles or not inode.size:
+            return 0
+        generation = inode.generation
+        pinned = await self.blocks.passthrough(object_name, generation, inode.size)
+        if pinned is None:
+            return 0
+        if (
+            inode.ino in self._shared  # another open got there first, or things changed
+            or inode.open_handles
+            or inode.generation != generation
+            or inode.staged is not None
+        ):
+            self.blocks.unpin(pinned)
+            return await self.open(inode, object_name, eligible=eligible)
+        try:
+            backing_id = self.files.open(pinned.path)
+        except OSError as exc:
+            self.blocks.unpin(pinned)
+            self.counts["failed"] += 1
+            log.warning("passthrough refused (%s): reads go through tierfs from now on", exc)
+            self.files = None
+            return 0
+        self._shared[inode.ino] = Shared(backing_id, pinned, generation)
+        self.counts["opens"] += 1
+        return backing_id
+
+    def release(self, inode: Inode) -> None:
+        """One passthrough open of ``inode`` is closed."""
+        shared = self._shared.get(inode.ino)
+        if shared is None:
+            return
+        shared.handles -= 1
+        if shared.handles > 0:
+            return
+        del self._shared[inode.ino]
+        self.blocks.unpin(shared.pinned)
+        if self.files is not None:
+            try:
+                self.files.close(shared.backing_id)
+            except OSError as exc:
+                log.warning("cannot release backing file %d: %s", shared.backing_id, exc)
+
+
+class KernelBackingFiles:
+    """`BackingFiles` through pyfuse3 as tierfs builds it (``deploy/pyfuse3``)."""
+
+    def open(self, path: Path) -> int:
+        import pyfuse3
+
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return int(pyfuse3.backing_open(fd))  # type: ignore[attr-defined]
+        finally:
+            os.close(fd)
+
+    def close(self, backing_id: int) -> None:
+        import pyfuse3
+
+        pyfuse3.backing_close(backing_id)  # type: ignore[attr-defined]
