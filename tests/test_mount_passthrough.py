@@ -74,7 +74,7 @@ def test_remount_reads_the_sealed_cache_file_directly(
     human = subprocess.run(
         [TIERFS, "stats", str(again.path)], capture_output=True, text=True, timeout=60
     )
-    assert "passthrough opens 3   read by the kernel " in human.stdout
+    assert "passthrough opens 3   handed to the kernel " in human.stdout
 
 
 def test_a_changed_cache_file_loses_its_seal_and_is_checked_block_by_block(

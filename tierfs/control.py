@@ -141,7 +141,7 @@ def render_statistics(data: dict[str, Any]) -> str:
     if direct.get("enabled"):
         ssd = blocks["tiers"].get("ssd", {})
         lines.append(
-            f"passthrough opens {direct['opens']}   read by the kernel "
+            f"passthrough opens {direct['opens']}   handed to the kernel "
             f"{_size(ssd.get('passthrough_bytes', 0))}   files open {direct['files_open']}   "
             f"sealed {ssd.get('seals', 0)}   busy {direct['busy']}   failed {direct['failed']}"
         )
