@@ -13,6 +13,7 @@ import mmap
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,24 +39,39 @@ def sealed(mount: Mount, count: int, timeout_s: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
-def cached_once(
-    mount_factory: MountFactory, client: storage.Client, bucket: str, cache: Path, data: bytes
-) -> None:
-    upload(client, bucket, "ckpt/shard-0", data)
-    first = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="first")
-    assert (first.path / "ckpt" / "shard-0").read_bytes() == data
-    sealed(first, 1)
-    assert first.unmount().returncode == 0
-    drop_page_cache()
+@dataclass
+class Cached:
+    """An object read once through a first mount (so cached and sealed), then remounted."""
+
+    factory: MountFactory
+    client: storage.Client
+    bucket: str
+    cache: Path
+
+    def fill(self, size: int) -> bytes:
+        data = os.urandom(size)
+        upload(self.client, self.bucket, "ckpt/shard-0", data)
+        first = self.remount(name="first")
+        assert (first.path / "ckpt" / "shard-0").read_bytes() == data
+        sealed(first, 1)
+        assert first.unmount().returncode == 0
+        drop_page_cache()
+        return data
+
+    def remount(self, *options: str, name: str = "second") -> Mount:
+        return self.factory(f"--cache-dir={self.cache}", "--implicit-dirs", *options, name=name)
 
 
-def test_remount_reads_the_sealed_cache_file_directly(
+@pytest.fixture
+def cached(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
-) -> None:
-    cache = tmp_path / "cache"
-    data = os.urandom(3 * BLOCK + 12345)
-    cached_once(mount_factory, gcs_client, bucket_name, cache, data)
-    again = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="second")
+) -> Cached:
+    return Cached(mount_factory, gcs_client, bucket_name, tmp_path / "cache")
+
+
+def test_remount_reads_the_sealed_cache_file_directly(cached: Cached) -> None:
+    data = cached.fill(3 * BLOCK + 12345)
+    again = cached.remount()
     path = again.path / "ckpt" / "shard-0"
     assert path.read_bytes() == data
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as view:
@@ -77,19 +93,15 @@ def test_remount_reads_the_sealed_cache_file_directly(
     assert "passthrough opens 3   handed to the kernel " in human.stdout
 
 
-def test_a_changed_cache_file_loses_its_seal_and_is_checked_block_by_block(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
-) -> None:
-    cache = tmp_path / "cache"
-    data = os.urandom(2 * BLOCK + 999)
-    cached_once(mount_factory, gcs_client, bucket_name, cache, data)
-    (data_file,) = cache.rglob("*.data")
+def test_a_changed_cache_file_loses_its_seal_and_is_checked_block_by_block(cached: Cached) -> None:
+    data = cached.fill(2 * BLOCK + 999)
+    (data_file,) = cached.cache.rglob("*.data")
     with data_file.open("r+b") as f:  # one flipped byte, in block 1
         f.seek(BLOCK + 4321)
         byte = f.read(1)[0]
         f.seek(BLOCK + 4321)
         f.write(bytes([byte ^ 0x01]))
-    again = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="second")
+    again = cached.remount()
     path = again.path / "ckpt" / "shard-0"
     assert path.read_bytes() == data
     numbers = stats(again)
@@ -102,13 +114,9 @@ def test_a_changed_cache_file_loses_its_seal_and_is_checked_block_by_block(
     assert stats(again)["passthrough"]["opens"] == 1
 
 
-def test_opening_for_write_a_file_read_directly_is_busy(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
-) -> None:
-    cache = tmp_path / "cache"
-    data = os.urandom(BLOCK + 1)
-    cached_once(mount_factory, gcs_client, bucket_name, cache, data)
-    again = mount_factory(f"--cache-dir={cache}", "--implicit-dirs", name="second")
+def test_opening_for_write_a_file_read_directly_is_busy(cached: Cached) -> None:
+    data = cached.fill(BLOCK + 1)
+    again = cached.remount()
     path = again.path / "ckpt" / "shard-0"
     with path.open("rb") as reader:
         assert reader.read(100) == data[:100]
@@ -120,18 +128,13 @@ def test_opening_for_write_a_file_read_directly_is_busy(
     with path.open("r+b") as writer:  # once the reader is closed, writes go through
         writer.write(b"new")
     assert path.read_bytes() == b"new" + data[3:]
-    assert gcs_client.bucket(bucket_name).blob("ckpt/shard-0").download_as_bytes()[:3] == b"new"
+    blob = cached.client.bucket(cached.bucket).blob("ckpt/shard-0")
+    assert blob.download_as_bytes()[:3] == b"new"
 
 
-def test_passthrough_off_reads_every_block_through_tierfs(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
-) -> None:
-    cache = tmp_path / "cache"
-    data = os.urandom(BLOCK + 7)
-    cached_once(mount_factory, gcs_client, bucket_name, cache, data)
-    again = mount_factory(
-        f"--cache-dir={cache}", "--implicit-dirs", "--file-cache-passthrough=false", name="off"
-    )
+def test_passthrough_off_reads_every_block_through_tierfs(cached: Cached) -> None:
+    data = cached.fill(BLOCK + 7)
+    again = cached.remount("--file-cache-passthrough=false", name="off")
     assert (again.path / "ckpt" / "shard-0").read_bytes() == data
     numbers = stats(again)
     assert numbers["passthrough"]["enabled"] is False
