@@ -166,6 +166,12 @@ COMPARISONS: tuple[tuple[str, str, tuple[str, str], tuple[str, str]], ...] = (
         ("local", "read.remount"),
     ),
     (
+        "read after remount (SSD tier), best of 3, tierfs-ckpt / local disk",
+        "plain",
+        ("tierfs-ckpt", "read.remount_best"),
+        ("local", "read.remount_best"),
+    ),
+    (
         "cold read, parallel / serial downloads (shaped link)",
         "shaped",
         ("tierfs-ckpt", "read.cold"),

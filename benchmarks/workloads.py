@@ -218,7 +218,17 @@ class SeqWrite(Workload):
 
 
 class SeqRead(Workload):
-    """Read the data set's N files sequentially: cold, warm (again), after a remount."""
+    """Read the data set's N files sequentially: cold, warm (again), after a remount.
+
+    The remount pass runs three times. The first is "read after remount"; the best
+    of the three is reported beside it. Why: on a virtual disk the host caches
+    blocks too, and a drop of the guest's page cache does not reach it. Here, a
+    file read after a drop comes at 2-2.7 GB/s when the host still holds its
+    blocks and at 0.4-0.6 GB/s when it does not (dd, measured). The local file
+    was read twice just before its remount pass; tierfs's cache file was only
+    written. The best of three puts both in the same state (read just before),
+    so the ratio measures what the mount adds, not where the host's cache is.
+    """
 
     name = "read"
     title = "sequential read (4 files)"
@@ -226,41 +236,61 @@ class SeqRead(Workload):
         Metric("read.cold", "seq read, cold (fresh mount, page cache dropped)", "MB/s"),
         Metric("read.warm", "seq read, warm (same mount again)", "MB/s", limit="local"),
         Metric("read.remount", "seq read after remount (persistent tier)", "MB/s", limit="local"),
+        Metric(
+            "read.remount_best",
+            "seq read after remount, best of 3 remounts",
+            "MB/s",
+            limit="local",
+        ),
     )
+    passes = ("read.cold", "read.warm", "read.remount", "read.remount", "read.remount")
 
     def run(self, cell: Cell) -> None:
-        env, sizes, system = cell.env, cell.sizes, cell.system
+        env, system = cell.env, cell.system
         names = [n for n in env.data_objects if n.startswith("seq/")]
         total = sum(len(env.data_objects[n]) for n in names)
-        if system.kind == "direct":
-            buffers = {name: bytearray(len(env.data_objects[name])) for name in names}
-            targets = [(name, memoryview(buffer)) for name, buffer in buffers.items()]
-            for key in ("read.cold", "read.warm", "read.remount"):
-                start = time.monotonic()
-                cell.direct.download_many(DATA_BUCKET, targets)
-                elapsed = time.monotonic() - start
-                for name, buffer in buffers.items():
-                    check(f"gs://{DATA_BUCKET}/{name}", buffer, env.data_objects[name])
-                    buffer[:16] = b"\0" * 16  # a stale buffer must not pass the next check
-                note = "no cache: every pass reads GCS" if key != "read.cold" else ""
-                cell.record(key, rate(total, elapsed), note, seconds=elapsed)
-            return
-        system.mount(DATA_BUCKET)
-        env.drop_caches()
         buffers = {n: bytearray(len(env.data_objects[n])) for n in names}
-        for key in ("read.cold", "read.warm", "read.remount"):
+        if system.kind != "direct":
+            system.mount(DATA_BUCKET)
+            env.drop_caches()
+        remounts: list[float] = []
+        for key in self.passes:
+            elapsed = self._pass(cell, key, buffers)
             if key == "read.remount":
-                system.remount()
-            assert system.root is not None
-            elapsed = 0.0
+                remounts.append(elapsed)
+                if len(remounts) > 1:
+                    continue  # only the first is "read after remount"
+            direct = system.kind == "direct" and key != "read.cold"
+            note = "no cache: every pass reads GCS" if direct else ""
+            cell.record(key, rate(total, elapsed), note, seconds=elapsed)
+        best = min(remounts)
+        cell.record("read.remount_best", rate(total, best), seconds=best)
+
+    @staticmethod
+    def _pass(cell: Cell, key: str, buffers: dict[str, bytearray]) -> float:
+        """One pass over every file, each checked; the seconds spent reading."""
+        env, system = cell.env, cell.system
+        for buffer in buffers.values():
+            buffer[:16] = b"\0" * 16  # a stale buffer must not pass the next check
+        if system.kind == "direct":
+            targets = [(name, memoryview(buffer)) for name, buffer in buffers.items()]
+            start = time.monotonic()
+            cell.direct.download_many(DATA_BUCKET, targets)
+            elapsed = time.monotonic() - start
             for name, buffer in buffers.items():
-                buffer[:16] = b"\0" * 16  # a stale buffer must not pass the check
-                start = time.monotonic()
-                n = read_file_into(system.root / name, memoryview(buffer), sizes.io_block_bytes)
-                elapsed += time.monotonic() - start
-                got = buffer if n == len(buffer) else buffer[:n]
-                check(f"{system.name}:{name}", got, env.data_objects[name])
-            cell.record(key, rate(total, elapsed), seconds=elapsed)
+                check(f"gs://{DATA_BUCKET}/{name}", buffer, env.data_objects[name])
+            return elapsed
+        if key == "read.remount":
+            system.remount()
+        assert system.root is not None
+        elapsed = 0.0
+        for name, buffer in buffers.items():
+            start = time.monotonic()
+            n = read_file_into(system.root / name, memoryview(buffer), cell.sizes.io_block_bytes)
+            elapsed += time.monotonic() - start
+            got = buffer if n == len(buffer) else buffer[:n]
+            check(f"{system.name}:{name}", got, env.data_objects[name])
+        return elapsed
 
 
 # -- 5. random reads -------------------------------------------------------------------------
