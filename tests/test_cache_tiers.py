@@ -34,6 +34,8 @@ from tierfs.cache.ssd import (
     _header,
     capacity_for,
 )
+from tierfs.filesystem import Filesystem, Settings
+from tierfs.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
 
 BUCKET = "bkt"
@@ -944,3 +946,50 @@ async def test_parallel_downloads_off_reads_one_stream(
     assert bytes(got) == data
     assert bucket.peak == peak
     assert blocks.gcs_blocks == 41
+
+
+# --- unmount and the SSD-tier copy of an upload ---------------------------------------------
+
+
+async def test_unmount_waits_for_the_ssd_copy_of_an_upload(tmp_path: Path) -> None:
+    """A file written through the mount is copied into the SSD tier in the background after
+    its upload. `Filesystem.finish` (unmount) waits for that copy and seals the file, so that
+    a restore right after the remount reads it from disk; cancelled, the copy would be partial
+    and the restore would read the rest from GCS."""
+    bucket = MemoryBucket(BUCKET)
+    ssd = await open_ssd(tmp_path / "cache", max_bytes=MiB)
+    gate = trio.Event()
+    put = ssd.put
+
+    async def gated_put(key: BlockKey, data: bytes) -> None:
+        await gate.wait()
+        await put(key, data)
+
+    ssd.put = gated_put  # type: ignore[method-assign]
+    blocks = Blocks(bucket, [ssd], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path), file_cache=True), blocks=blocks)
+    data = os.urandom(3 * BLOCK + 5)
+    finished = trio.Event()
+    async with trio.open_nursery() as nursery:
+        fs.spawn = spawner(nursery)
+        handle, _ = await fs.create(ROOT_INO, "ckpt", os.O_WRONLY)
+        await fs.write(handle.fh, 0, data)
+        await fs.release(handle.fh)  # uploaded; its copy waits at the gate
+        assert bucket.get("ckpt") == data
+
+        async def unmount() -> None:
+            await fs.finish()
+            finished.set()
+
+        nursery.start_soon(unmount)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not finished.is_set()  # waiting for the copy
+        gate.set()
+        await finished.wait()
+        nursery.cancel_scope.cancel()
+    fs.close()
+    generation = (await bucket.stat("ckpt")).generation
+    assert all(ssd.holds(BlockKey("ckpt", generation, i)) for i in range(4))
+    pinned = await blocks.passthrough("ckpt", generation, len(data))
+    assert pinned is not None  # sealed: the next mount may hand it to the kernel
+    blocks.unpin(pinned)

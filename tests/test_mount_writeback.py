@@ -246,3 +246,23 @@ def test_another_client_wins_before_the_upload_and_our_bytes_are_kept(
     kept = list((journal / "conflicts").iterdir())
     assert [p.read_bytes() for p in kept] == [b"ours"]  # and ours not lost
     assert stats(mount)["writeback"]["conflicts"] == 1
+
+
+def test_unmount_uploads_pending_files_and_keeps_them_in_the_ssd_tier(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Unmount uploads what write-back still holds, and copies it into the SSD tier before
+    the daemon exits: the next mount reads it with no GCS media request."""
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    mount = mount_factory("--write-back", HOLD, cache, name="save")
+    data = os.urandom(3 * MiB + 5)
+    (mount.path / "ckpt.pt").write_bytes(data)
+    assert objects(gcs_client, bucket_name) == {}  # held back until the unmount
+    result = mount.unmount()
+    assert (result.returncode, result.stderr) == (0, "")
+    assert objects(gcs_client, bucket_name) == {"ckpt.pt": data}
+    assert mount.errors() == []
+    again = mount_factory(cache, name="restore")
+    assert (again.path / "ckpt.pt").read_bytes() == data
+    assert stats(again)["gcs"]["media_reads"] == 0
+    assert stats(again)["passthrough"]["opens"] == 1

@@ -226,6 +226,11 @@ class Filesystem:
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
         )
         self.spawn = spawn
+        # Background copies of uploads into the SSD tier (`_cache_upload`): unmount waits
+        # for them (`finish`), so that a restore after the remount finds whole files.
+        self._copying = 0
+        self._copies_idle = trio.Event()
+        self._copies_idle.set()
         self._monotonic_s = monotonic_s
         self._prefetched_dirs: dict[str, float] = {}
         self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
@@ -873,6 +878,9 @@ class Filesystem:
         if staged.version != version:
             return  # written during the upload: the object is not what the file holds
         fd = os.dup(staged.fd)
+        if not self._copying:
+            self._copies_idle = trio.Event()
+        self._copying += 1
 
         async def store() -> None:
             try:
@@ -883,6 +891,9 @@ class Filesystem:
                 log.warning("could not cache the upload of gs://%s: %s", object_name, err)
             finally:
                 os.close(fd)
+                self._copying -= 1
+                if not self._copying:
+                    self._copies_idle.set()
 
         self.spawn(store)
 
@@ -1238,6 +1249,21 @@ class Filesystem:
             log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:
             raise failures[0]
+
+    async def finish(self) -> None:
+        """At unmount, while background tasks still run: upload every dirty file, let the
+        SSD-tier copies of uploads finish, and seal what is whole, so that the next mount
+        reads those files from local disk, directly. An upload error is logged, not raised:
+        the daemon is going away either way (a write-back journal keeps the file)."""
+        try:
+            await self.sync_all()
+        except Exception as err:
+            log.error("pending writes could not be uploaded: %s", err)
+        if self._copying:
+            log.info("unmount: finishing the SSD-tier copies of %d uploads", self._copying)
+        while self._copying:
+            await self._copies_idle.wait()
+        await self.blocks.seal_pending()
 
     def close(self) -> None:
         for inode in self.inodes.by_ino.values():

@@ -184,15 +184,13 @@ async def _serve_mounted(
             read_ahead = (config["read-ahead-kb"], "read-ahead-kb" in config.assigned)
             nursery.start_soon(_announce, mountpoint, read_ahead, ready, signalled)
             await pyfuse3.main()
+            with trio.CancelScope(shield=True):
+                await fs.finish()  # with the background tasks still running
             nursery.cancel_scope.cancel()
     finally:
-        try:
-            with trio.CancelScope(shield=True):
-                await fs.sync_all()
-        except Exception as err:
-            log.error("pending writes could not be uploaded: %s", err)
+        fs.spawn = None  # the nursery is closed: what is still dirty is uploaded here
         with trio.CancelScope(shield=True):
-            await fs.blocks.seal_pending()  # so that a remount may read them directly
+            await fs.finish()  # after a failure above; nothing left to do after the above
         fs.close()
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())
