@@ -160,6 +160,12 @@ class Table:
 COMPARISONS: tuple[tuple[str, str, tuple[str, str], tuple[str, str]], ...] = (
     ("warm re-read, tierfs / local disk", "plain", ("tierfs", "read.warm"), ("local", "read.warm")),
     (
+        "warm re-read, best of 3, tierfs / local disk",
+        "plain",
+        ("tierfs", "read.warm_best"),
+        ("local", "read.warm_best"),
+    ),
+    (
         "read after remount (SSD tier), tierfs-ckpt / local disk",
         "plain",
         ("tierfs-ckpt", "read.remount"),
