@@ -224,7 +224,7 @@ class SeqRead(Workload):
     "warm" and "read after remount"; the best of the three is reported beside it.
     Why: on this virtual machine both vary by more than the goal's margin.
     - On a virtual disk the host caches blocks too, and a drop of the guest's page
-      cache does not reach it. A file read after a drop comes at 2-2.7 GB/s when the
+      cache does not reach it. A file read after a drop comes at 1.9-2.7 GB/s when the
       host still holds its blocks and at 0.4-0.6 GB/s when it does not (dd,
       measured). The local file was read twice just before its remount pass;
       tierfs's cache file was only written. The best of three puts both in the same
