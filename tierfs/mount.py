@@ -174,6 +174,7 @@ async def _serve_mounted(
         return
     log.info("mounted gs://%s on %s", config.bucket, mountpoint)
     signalled = trio.Event()
+    finished = False
     try:
         async with trio.open_nursery() as nursery:
             fs.spawn = spawner(nursery)
@@ -186,11 +187,13 @@ async def _serve_mounted(
             await pyfuse3.main()
             with trio.CancelScope(shield=True):
                 await fs.finish()  # with the background tasks still running
+                finished = True
             nursery.cancel_scope.cancel()
     finally:
-        fs.spawn = None  # the nursery is closed: what is still dirty is uploaded here
-        with trio.CancelScope(shield=True):
-            await fs.finish()  # after a failure above; nothing left to do after the above
+        if not finished:  # the loop failed: upload what is still dirty without the nursery
+            fs.spawn = None
+            with trio.CancelScope(shield=True):
+                await fs.finish()
         fs.close()
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())
