@@ -74,8 +74,10 @@ def load(
     mountpoint: str = "",
     read_text: Callable[[str], str] | None = None,
     cpu_count: int = 2,
+    absolute: Callable[[str], str] | None = None,
 ) -> Config:
-    """Resolve parsed options, reading ``config-file`` (if one was named) with ``read_text``.
+    """Resolve parsed options, reading ``config-file`` (if one was named) with ``read_text``;
+    path values are made absolute with ``absolute`` (see `resolve`).
 
     The config file's assignments go first, so that within the config-file
     rank the colon forms of mount options (which gcsfuse's CSI driver writes
@@ -100,6 +102,7 @@ def load(
         bucket=bucket,
         mountpoint=mountpoint,
         cpu_count=cpu_count,
+        absolute=absolute,
     )
     if parsed.warnings:
         warnings = tuple(dict.fromkeys([*parsed.warnings, *config.warnings]))

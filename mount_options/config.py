@@ -16,12 +16,12 @@ with flags. Within one rank, the later assignment wins.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from mount_options import derive
+from mount_options import derive, kinds
 from mount_options.errors import OptionError
 from mount_options.schema import INDEX, SCHEMA, Option
 
@@ -180,8 +180,13 @@ def resolve(
     bucket: str = "",
     mountpoint: str = "",
     cpu_count: int = 2,
+    absolute: Callable[[str], str] | None = None,
 ) -> Config:
-    """Apply precedence, derive dependent values and validate across options."""
+    """Apply precedence, derive dependent values and validate across options.
+
+    ``absolute`` makes a path value absolute (the caller's working directory, ``~``): the
+    daemon leaves that directory once it serves, so a relative ``cache-dir`` would name
+    another place for every later file. Passed in, because this package does no I/O."""
     winners: dict[str, tuple[int, int, Assignment]] = {}
     fuse: dict[str, str] = {}  # kernel option -> source
     fuse_source = DEFAULT
@@ -200,7 +205,10 @@ def resolve(
     _read_write(fuse)
     settings: dict[str, Setting] = {o.path: Setting(o.default, DEFAULT) for o in SCHEMA}
     for path, (_, _, item) in winners.items():
-        settings[path] = Setting(item.value, item.source)
+        value = item.value
+        if absolute is not None and value and INDEX.by_path[path].kind is kinds.PATH:
+            value = absolute(value)
+        settings[path] = Setting(value, item.source)
     if fuse:
         settings[FUSE_OPTIONS] = Setting(tuple(fuse), fuse_source)
         winners_fuse = {FUSE_OPTIONS}

@@ -63,10 +63,13 @@ def mount_factory(emulator: Emulator, bucket_name: str, tmp_path: Path) -> Itera
     """Mount the test's bucket (or another) with extra options; everything cleaned up after."""
     made: list[Mount] = []
 
-    def make(*args: str, bucket: str | None = None, name: str = "mnt") -> Mount:
+    def make(
+        *args: str, bucket: str | None = None, name: str = "mnt", cwd: Path | None = None
+    ) -> Mount:
         mount = Mount(
             emulator, bucket or bucket_name, tmp_path / name, tmp_path / f"{name}.log", list(args)
         )
+        mount.cwd = cwd
         made.append(mount)
         return mount.start()
 

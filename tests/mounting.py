@@ -48,6 +48,7 @@ class Mount:
         self.args = args
         self.expect_errors = False
         self.mounted = False
+        self.cwd: Path | None = None  # where `tierfs mount` runs (relative paths in args)
 
     def command(self) -> list[str]:
         return [
@@ -66,7 +67,9 @@ class Mount:
     def start(self) -> Mount:
         require_fuse()
         self.path.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(self.command(), capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            self.command(), capture_output=True, text=True, timeout=120, cwd=self.cwd
+        )
         if result.returncode != 0:
             pytest.fail(f"tierfs mount failed ({result.returncode}): {result.stderr.strip()}")
         self.mounted = True

@@ -823,6 +823,24 @@ async def test_ssd_disk_full_is_logged_counted_and_leaves_nothing(
     assert await ssd.get(kept) == b"kept"
 
 
+async def test_ssd_failures_of_one_kind_warn_once_and_all_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ssd = await open_ssd(tmp_path)
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch, caplog.at_level(logging.DEBUG, "tierfs.cache"):
+        patch.setattr(os, "open", disk_full)
+        for index in range(3):
+            await ssd.put(BlockKey("big", 1, index), b"x" * 100)
+    stores = [r for r in caplog.records if "cannot store" in r.getMessage()]
+    assert [r.levelno for r in stores] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert "tierfs stats" in stores[0].getMessage()
+    assert ssd.statistics()["errors"] == 3
+
+
 async def test_ssd_unreadable_block_is_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -264,7 +264,14 @@ def effective_config(line: CommandLine) -> Config:
         mountpoint=os.path.abspath(mountpoint),
         read_text=lambda path: Path(path).read_text(encoding="utf-8"),
         cpu_count=os.cpu_count() or 1,
+        absolute=absolute_path,
     )
+
+
+def absolute_path(path: str) -> str:
+    """A path option as gcsfuse resolves it: ``~`` expanded, then against the working
+    directory of the one who mounts (the daemon leaves it for ``/``)."""
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def _json_object(text: str) -> dict[str, str]:

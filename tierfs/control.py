@@ -114,14 +114,14 @@ def render_statistics(data: dict[str, Any]) -> str:
         ),
         "",
         f"{'tier':<10}{'hits':>10}{'misses':>10}{'served':>12}{'stored':>12}{'used':>12}"
-        f"{'capacity':>12}{'evicted':>9}{'corrupt':>9}",
+        f"{'capacity':>12}{'evicted':>9}{'corrupt':>9}{'errors':>8}",
     ]
     for name, tier in blocks["tiers"].items():
         lines.append(
             f"{name:<10}{tier.get('hits', 0):>10}{tier.get('misses', 0):>10}"
             f"{_size(tier.get('bytes_read', 0)):>12}{_size(tier.get('bytes_written', 0)):>12}"
             f"{_size(tier.get('used_bytes', 0)):>12}{_size(tier.get('capacity_bytes', 0)):>12}"
-            f"{tier.get('evictions', 0):>9}{tier.get('corrupt', 0):>9}"
+            f"{tier.get('evictions', 0):>9}{tier.get('corrupt', 0):>9}{tier.get('errors', 0):>8}"
         )
     if not blocks["tiers"]:
         lines.append("(no data tiers: ram-cache:max-size-mb is 0 and the file cache is off)")
@@ -129,7 +129,8 @@ def render_statistics(data: dict[str, Any]) -> str:
         "",
         f"metadata    hits {meta['hits']}   negative hits {meta['negative_hits']}   "
         f"misses {meta['misses']}   entries {meta['entries']}   {_size(meta['used_bytes'])}",
-        f"inodes {data['inodes']}   open files {data['open_files']}",
+        f"inodes {data['inodes']}   open files {data['open_files']}   "
+        f"local files that could not be made {data.get('staging_errors', 0)}",
     ]
     dirs = data.get("directories")
     if dirs is not None:

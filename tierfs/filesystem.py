@@ -28,7 +28,7 @@ import mimetypes
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -218,6 +218,7 @@ class Filesystem:
         self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
+        self.staging_errors = 0  # local files for writes that could not be made
         self.settings = settings
         self._file_mode = stat.S_IFREG | settings.file_mode
         self._dir_mode = stat.S_IFDIR | settings.dir_mode
@@ -541,7 +542,8 @@ class Filesystem:
         if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
             raise AlreadyExists(path)
         inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
-        inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+        with self._staging():
+            inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
         if self.settings.create_empty_file:
             await self._upload(inode, object_name)
         elif self.spawn is not None and self._streams < self.settings.max_streams:
@@ -903,7 +905,8 @@ class Filesystem:
             if inode.staged is not None:
                 return
             if inode.generation == 0:
-                inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+                with self._staging():
+                    inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
                 return
             info = ObjectInfo(
                 self.names.file_object(inode.path),
@@ -912,15 +915,32 @@ class Filesystem:
                 inode.metageneration,
             )
             try:
-                inode.staged = await Staged.from_object(
-                    self.bucket,
-                    info,
-                    self.settings.temp_dir,
-                    min(length, inode.size),
-                    self.journal,
-                )
+                with self._staging():
+                    inode.staged = await Staged.from_object(
+                        self.bucket,
+                        info,
+                        self.settings.temp_dir,
+                        min(length, inode.size),
+                        self.journal,
+                    )
             except NotFound:
                 raise PreconditionFailed(inode.path) from None
+
+    @contextlib.contextmanager
+    def _staging(self) -> Iterator[None]:
+        """Around making a local file for writes: a failure (a full or vanished ``temp-dir``
+        or write-back directory) still reaches the caller as its errno, and is counted in
+        `tierfs stats`; the first one is also said at WARNING, since the mount itself looks
+        healthy while every create fails."""
+        try:
+            yield
+        except OSError as err:
+            self.staging_errors += 1
+            level = logging.WARNING if self.staging_errors == 1 else logging.DEBUG
+            log.log(
+                level, "cannot make a local file for writing: %s (counted in tierfs stats)", err
+            )
+            raise
 
     # -- attributes that change ----------------------------------------------------------------
 
@@ -997,9 +1017,10 @@ class Filesystem:
             self.names.file_object(inode.path), inode.size, inode.generation, inode.metageneration
         )
         try:
-            inode.staged = await Staged.from_object(
-                self.bucket, info, self.settings.temp_dir, inode.size
-            )
+            with self._staging():
+                inode.staged = await Staged.from_object(
+                    self.bucket, info, self.settings.temp_dir, inode.size
+                )
         except NotFound:
             return
         inode.staged.uploaded_version = inode.staged.version
@@ -1214,6 +1235,7 @@ class Filesystem:
             "passthrough": self.backings.statistics(),
             "inodes": len(self.inodes),
             "open_files": len(self.files),
+            "staging_errors": self.staging_errors,
             "writeback": {
                 "enabled": self.journal is not None,
                 "pending": self.pending_uploads(),

@@ -85,6 +85,13 @@ async def serve(
     owned: GcsBucket | None = None
     try:
         check_before_mount(mountpoint)
+        for option, directory in local_directories(config):
+            try:
+                await trio.to_thread.run_sync(check_writable, directory)
+            except OSError as err:
+                raise MountError(
+                    f"cannot use {option} {directory}: {err.strerror or err}"
+                ) from None
         if bucket is None:
             # Finding credentials may block (ADC can ask the metadata server): not on trio's thread.
             owned = await trio.to_thread.run_sync(connect, config)
@@ -125,6 +132,32 @@ async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
     return chain
 
 
+def writeback_root(config: Config) -> str:
+    """Where write-back keeps its journal and staged files."""
+    return config["cache-dir"] or config["file-system:temp-dir"] or tempfile.gettempdir()
+
+
+def local_directories(config: Config) -> list[tuple[str, str]]:
+    """(option, directory) of every local directory this mount will write in."""
+    wanted = [("temp-dir", config["file-system:temp-dir"] or tempfile.gettempdir())]
+    if file_cache_enabled(config.settings):
+        wanted.append(("cache-dir", config["cache-dir"]))
+    if config["write:write-back"]:
+        root = writeback_root(config)
+        wanted.append(("cache-dir" if root == config["cache-dir"] else "temp-dir", root))
+    return list(dict.fromkeys(wanted))
+
+
+def check_writable(directory: str) -> None:
+    """Make ``directory`` if missing and write a file in it; OSError if either fails. A
+    cache that cannot be written would otherwise be a mount that caches nothing, or fails
+    every create, while looking healthy."""
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory) as probe:
+        probe.write(b"tierfs")
+        probe.flush()
+
+
 def blocks_for(config: Config, bucket: Bucket, chain: list[Tier]) -> Blocks:
     downloads = config["file-cache:max-parallel-downloads"]
     parallel = config["file-cache:enable-parallel-downloads"]
@@ -150,7 +183,7 @@ async def _serve_mounted(
         return
     journal = None
     if config["write:write-back"]:
-        root = config["cache-dir"] or config["file-system:temp-dir"] or tempfile.gettempdir()
+        root = writeback_root(config)
         try:
             journal = await trio.to_thread.run_sync(Journal, Path(root), config.bucket)
             recovered = await journal.recover(bucket, trio.to_thread.run_sync)

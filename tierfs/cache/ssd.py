@@ -678,6 +678,7 @@ class SsdTier:
         self._bytes_written = 0
         self._evictions = 0
         self._errors = 0
+        self._warned: set[str] = set()  # kinds of disk failure already said at WARNING
         self._passthrough_opens = 0
         self._passthrough_bytes = 0
         self._seals = 0
@@ -779,7 +780,7 @@ class SsdTier:
             return data
         self._misses += 1
         if status.startswith("unreadable"):
-            log.warning("SSD cache: cannot read %s (%s); deleted", self._describe(key), status)
+            self._say("read", "cannot read %s (%s); deleted", self._describe(key), status)
         elif status != _MISSING:
             self._corrupt += 1
             log.warning(
@@ -855,8 +856,7 @@ class SsdTier:
                 )
             stored = True
         except OSError as exc:
-            self._errors += 1
-            log.warning("SSD cache: cannot store %s: %s", self._describe(key), exc)
+            self._failed("store", "cannot store %s: %s", self._describe(key), exc)
         finally:
             self._pending_bytes -= size
             self._busy.discard(stem)
@@ -926,8 +926,7 @@ class SsdTier:
                     limiter=self._limiter,
                 )
         except OSError as exc:
-            self._errors += 1
-            log.warning("SSD cache: cannot seal gs://%s#%d: %s", name, generation, exc)
+            self._failed("seal", "cannot seal gs://%s#%d: %s", name, generation, exc)
             return False
         if sealed and self._forgets == forgets:
             self._sealed.add(obj)
@@ -958,7 +957,7 @@ class SsdTier:
                     limiter=self._limiter,
                 )
             except OSError as exc:
-                log.warning("SSD cache: cannot check the seal of gs://%s: %s", name, exc)
+                self._failed("check", "cannot check the seal of gs://%s: %s", name, exc)
                 valid = False
             if valid and self._forgets == forgets:
                 self._sealed.add(obj)
@@ -1129,5 +1128,20 @@ class SsdTier:
 
     def _count_delete_failures(self, failures: list[tuple[Path, OSError]]) -> None:
         for path, exc in failures:
-            self._errors += 1
-            log.warning("SSD cache: cannot delete %s: %s", path, exc)
+            self._failed("delete", "cannot delete %s: %s", path, exc)
+
+    def _failed(self, kind: str, message: str, *args: object) -> None:
+        """A disk failure: counted (``errors`` in `tierfs stats`) and said (see `_say`)."""
+        self._errors += 1
+        self._say(kind, message, *args)
+
+    def _say(self, kind: str, message: str, *args: object) -> None:
+        """The first failure of each kind at WARNING, the rest at DEBUG: a full or broken
+        disk fails every block, and one line tells the user as much as thousands."""
+        if kind in self._warned:
+            log.debug("SSD cache: " + message, *args)
+            return
+        self._warned.add(kind)
+        log.warning(
+            "SSD cache: " + message + " (further failures: 'errors' in tierfs stats)", *args
+        )
