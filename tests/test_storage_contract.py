@@ -537,6 +537,18 @@ async def test_statistics(bucket: Bucket) -> None:
     assert stats["requests"] >= 7 and stats["retries"] == 0
 
 
+async def test_bytes_written_counts_what_reached_the_bucket_once(bucket: Bucket) -> None:
+    aborted = await bucket.open_upload("gone", if_generation_match=0, chunk_bytes=256 * 1024)
+    await aborted.write(b"x" * 1000)
+    await aborted.abort()  # buffered, never sent
+    assert bucket.statistics()["bytes_written"] == 0
+    upload = await bucket.open_upload("kept", if_generation_match=0, chunk_bytes=256 * 1024)
+    for _ in range(3):
+        await upload.write(b"y" * 100_000)  # one chunk goes out during the third write
+    await upload.finish()
+    assert bucket.statistics()["bytes_written"] == 300_000
+
+
 # --- GcsBucket only: a fake HTTP server answering what each test asks for -----------------
 
 

@@ -119,3 +119,12 @@ def test_random_writes_through_the_mount_fall_back(
         handle.write(b"y" * 10)
     blob = gcs_client.bucket(bucket_name).blob("f")
     assert blob.download_as_bytes() == b"x" * MiB + b"y" * 10 + b"x" * (2 * MiB - 10)
+
+
+@pytest.mark.parametrize("args", [(), ("--enable-streaming-writes=false",), ("--write-back",)])
+def test_written_bytes_are_counted_once(mount_factory: MountFactory, args: tuple[str, ...]) -> None:
+    mount = mount_factory(*args)
+    (mount.path / "small").write_bytes(os.urandom(MiB))  # below one streaming chunk
+    (mount.path / "big").write_bytes(os.urandom(40 * MiB + 3))  # streamed, in chunks
+    assert request(str(mount.path), "sync")["synced"]
+    assert request(str(mount.path), "stats")["gcs"]["bytes_written"] == 41 * MiB + 3

@@ -351,7 +351,8 @@ class GcsUpload:
         sent = self._written // self._chunk - before
         what = f"gs://{self._owner.name}/{self._blob.name}"
         await self._owner._call(lambda: self._writer.write(data), what, requests=sent)
-        self._owner._counters.add(bytes_written=len(data))
+        if sent:  # counted when sent: buffered bytes of an aborted upload never reach GCS
+            self._owner._counters.add(bytes_written=sent * self._chunk)
 
     async def finish(self) -> ObjectInfo:
         blob, writer = self._blob, self._writer
@@ -361,7 +362,9 @@ class GcsUpload:
             blob.reload()  # BlobWriter keeps no response: read back the new generation
             return _info(blob)
 
-        return await self._owner._call(run, f"gs://{self._owner.name}/{blob.name}", requests=2)
+        info = await self._owner._call(run, f"gs://{self._owner.name}/{blob.name}", requests=2)
+        self._owner._counters.add(bytes_written=self._written % self._chunk)
+        return info
 
     async def abort(self) -> None:
         writer = self._writer
