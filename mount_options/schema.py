@@ -605,9 +605,26 @@ SCHEMA: tuple[Option, ...] = (
         _I,
         0,
         "With write-back: wait this long after a close before uploading (a file closed and "
-        "written again meanwhile is uploaded once). fsync and 'tierfs sync' never wait.",
+        "written again meanwhile is uploaded once). 'tierfs sync' never waits.",
         tierfs=True,
         minimum=0,
+    ),
+    _opt(
+        "write:passthrough",
+        _B,
+        True,
+        "With write-back: the kernel writes a new file straight into its staged file (FUSE "
+        "passthrough: Linux 6.9+, root); false: every write goes through the daemon.",
+        flag="write-passthrough",
+        tierfs=True,
+    ),
+    _opt(
+        "write:fsync-to-gcs",
+        _B,
+        False,
+        "With write-back: fsync also waits until the file is in GCS. Without it fsync, like "
+        "close, returns once data and journal record are durable on the local tier.",
+        tierfs=True,
     ),
     # -- gcs-connection -----------------------------------------------------------------------
     _opt("gcs-connection:custom-endpoint", _S, "", "GCS endpoint URL, e.g. http://127.0.0.1:4443."),

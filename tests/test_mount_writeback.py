@@ -78,10 +78,46 @@ def test_uploads_happen_on_their_own(
     }
 
 
-def test_fsync_waits_for_gcs(
+def test_fsync_is_durable_locally_and_asks_gcs_nothing(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    with open(mount.path / "f", "wb") as handle:
+        handle.write(b"durable here when fsync returns")
+        handle.flush()
+        os.fsync(handle.fileno())
+        numbers = stats(mount)  # the control socket, not GCS
+        records = list((tmp_path / "cache" / "tierfs-writeback").rglob("*.json"))
+        assert len(records) == 1  # the journal record is on disk (the data was fdatasync'd)
+        os.fsync(handle.fileno())
+        assert stats(mount)["gcs"]["requests"] == numbers["gcs"]["requests"]
+        assert objects(gcs_client, bucket_name) == {}  # the upload waits for the last close
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"f": b"durable here when fsync returns"}
+
+
+def test_sync_of_a_directory_uploads_what_is_below_it(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
 ) -> None:
     mount = mount_factory("--write-back", HOLD, f"--cache-dir={tmp_path / 'cache'}")
+    for directory in ("step_1", "step_10"):
+        (mount.path / directory).mkdir()
+        (mount.path / directory / "shard").write_bytes(directory.encode())
+    result = subprocess.run(
+        [TIERFS, "sync", str(mount.path / "step_1")], capture_output=True, text=True, timeout=300
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    uploaded = {k: v for k, v in objects(gcs_client, bucket_name).items() if not k.endswith("/")}
+    assert uploaded == {"step_1/shard": b"step_1"}
+    assert stats(mount)["writeback"]["pending"] == 1
+
+
+def test_fsync_to_gcs_waits_for_gcs(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    mount = mount_factory(
+        "--write-back", HOLD, "--fsync-to-gcs", f"--cache-dir={tmp_path / 'cache'}"
+    )
     with open(mount.path / "f", "wb") as handle:
         handle.write(b"must be in GCS when fsync returns")
         handle.flush()
@@ -113,7 +149,8 @@ def test_kill_9_before_upload_then_remount_uploads_every_closed_file(
     assert objects(gcs_client, bucket_name) == {"step_1/": b"", **closed}
     assert (again.path / "model.pt").read_bytes() == closed["model.pt"]
     journal = next((tmp_path / "cache" / "tierfs-writeback").iterdir())
-    assert sorted(p.name for p in journal.iterdir()) == ["conflicts"]  # nothing left over
+    assert sorted(p.name for p in journal.iterdir()) == ["conflicts", "moves"]
+    assert list((journal / "moves").iterdir()) == []  # nothing left over
     # A third mount finds nothing to do: nothing is uploaded twice.
     before = {b.name: b.generation for b in gcs_client.list_blobs(bucket_name)}
     again.unmount()
@@ -186,7 +223,7 @@ def test_sync_of_something_that_is_not_a_mount_is_one_line(tmp_path: Path) -> No
     assert result.stderr.startswith(f"tierfs: no tierfs mount answers at {tmp_path}: ")
     assert result.stderr.count("\n") == 1
     usage = subprocess.run([TIERFS, "sync"], capture_output=True, text=True, timeout=60)
-    assert usage.returncode == 2 and "usage: tierfs sync MOUNTPOINT" in usage.stderr
+    assert usage.returncode == 2 and "usage: tierfs sync PATH" in usage.stderr
 
 
 def test_gcs_outage_is_reported_by_sync_and_the_upload_is_retried(tmp_path: Path) -> None:
@@ -266,3 +303,133 @@ def test_unmount_uploads_pending_files_and_keeps_them_in_the_ssd_tier(
     assert (again.path / "ckpt.pt").read_bytes() == data
     assert stats(again)["gcs"]["media_reads"] == 0
     assert stats(again)["passthrough"]["opens"] == 1
+
+
+def test_a_forked_child_or_a_dup_closing_never_publishes_a_partial_file(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """DataLoader workers and subprocesses inherit the checkpoint's fd; their exit (and the
+    close of a dup'd fd) is a FLUSH. With write-back at the default delay, the upload waits
+    for the last release: while the parent still writes, the bucket stays empty."""
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    chunk = os.urandom(MiB)
+    with open(mount.path / "ckpt.pt", "wb") as handle:
+        handle.write(chunk * 8)
+        handle.flush()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)  # the child's exit closes its copy of the fd
+        assert os.waitpid(pid, 0)[1] == 0
+        os.close(os.dup(handle.fileno()))
+        committed = stats(mount)["writeback"]["committed"]
+        assert committed >= 1  # both flushes arrived (and committed locally)
+        deadline = time.monotonic() + 1.0  # an upload at a flush starts within milliseconds
+        written = 8
+        while time.monotonic() < deadline:
+            time.sleep(0.05)  # not a TTL: the time an upload of the bug would take to show
+            if written < 16:
+                handle.write(chunk)
+                handle.flush()
+                written += 1
+            assert list(gcs_client.list_blobs(bucket_name)) == [], "a partial object appeared"
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"ckpt.pt": chunk * written}
+    assert stats(mount)["gcs"]["uploads"] == 1
+
+
+def orbax_tree(root: Path) -> dict[str, bytes]:
+    """An Orbax-shaped step under ``root``: nested array directories of small files (zarr
+    chunks, .zarray metadata) and a few larger ones. Relative names -> bytes written."""
+    files: dict[str, bytes] = {}
+    for layer in range(3):
+        for param in ("kernel", "bias"):
+            for chunk in range(4):
+                files[f"params/layer_{layer}/{param}/{chunk}.0"] = os.urandom(4096 + chunk)
+            files[f"params/layer_{layer}/{param}/.zarray"] = b'{"chunks": [4]}'
+    files["opt_state/mu.bin"] = os.urandom(3 * MiB + 1)
+    files["_METADATA"] = b'{"tree": "..."}'
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def test_orbax_save_renames_its_tmp_step_at_the_defaults(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Write-back at the default delay (uploads start at each close) and the default
+    rename-dir-limit (0): the tmp step directory, nested and partly uploaded, is renamed."""
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    tmp = mount.path / "step_100.orbax-checkpoint-tmp-0"
+    files = orbax_tree(tmp)
+    os.rename(tmp, mount.path / "step_100")
+    final = mount.path / "step_100"
+    assert not tmp.exists()
+    for name, data in files.items():  # the final tree at once, from this mount
+        assert (final / name).read_bytes() == data, name
+    assert tierfs_sync(mount).returncode == 0
+    in_gcs = objects(gcs_client, bucket_name)
+    assert {k: v for k, v in in_gcs.items() if not k.endswith("/")} == {
+        f"step_100/{name}": data for name, data in files.items()
+    }
+    assert not [k for k in in_gcs if "tmp" in k]
+    assert stats(mount)["writeback"]["failed"] == 0
+
+
+@pytest.mark.parametrize("when", ["journaled", "copying", "deleting"])
+def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    when: str,
+) -> None:
+    """A GCS-shaped link (+50 ms a request) makes the copies and deletes of 64 objects take
+    about a second, so the daemon is killed while the rename is under way: right after its
+    record is durable, with half of the copies made, or with half of the sources deleted."""
+    from benchmarks.shaping import ShapingProxy
+
+    bucket = gcs_client.bucket(bucket_name)
+    tree = {f"t/d{i % 4}/f{i}": str(i).encode() * 100 for i in range(64)}
+    for name, data in {"t/": b"", **tree}.items():
+        bucket.blob(name).upload_from_string(data)
+    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
+    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    moves = tmp_path / "cache" / "tierfs-writeback"
+    try:
+        mount = mount_factory(
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={proxy.endpoint}"
+        )
+        mover = subprocess.Popen(
+            ["mv", str(mount.path / "t"), str(mount.path / "final")], stderr=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 60
+
+            def reached() -> bool:
+                if when == "journaled":
+                    return bool(list(moves.rglob("moves/*.json")))
+                if when == "copying":
+                    return len(list(gcs_client.list_blobs(bucket_name, prefix="final/"))) >= 32
+                return len(list(gcs_client.list_blobs(bucket_name, prefix="t/"))) <= 32
+
+            while not reached():
+                assert time.monotonic() < deadline, "the rename never got there"
+                assert mover.poll() is None, "the rename ended before the kill"
+                time.sleep(0.005)
+            kill_daemon(mount)
+        finally:
+            mover.kill()
+            mover.wait()
+    finally:
+        proxy.stop()
+    assert list(moves.rglob("moves/*.json")), "killed after the rename ended: nothing tested"
+    again = mount_factory("--write-back", "--implicit-dirs", cache, name="mnt")
+    expected = {"final/" + name[2:]: data for name, data in tree.items()}
+    assert objects(gcs_client, bucket_name) == {"final/": b"", **expected}
+    assert (again.path / "final" / "d1" / "f5").read_bytes() == tree["t/d1/f5"]
+    assert not (again.path / "t").exists()
+    assert list(moves.rglob("moves/*.json")) == []

@@ -24,9 +24,7 @@ MiB = 1 << 20
 @pytest.fixture
 async def streaming_fs(tmp_path: Path) -> AsyncIterator[tuple[Filesystem, MemoryBucket]]:
     bucket = MemoryBucket("s")
-    fs = Filesystem(
-        bucket, Settings(temp_dir=str(tmp_path), max_streams=2, stream_chunk_bytes=MiB)
-    )
+    fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path), max_streams=2, stream_chunk_bytes=MiB))
     async with trio.open_nursery() as nursery:
         fs.spawn = nursery.start_soon
         yield fs, bucket

@@ -106,8 +106,30 @@ async def test_close_commits_locally_and_the_uploader_makes_it_durable(
     assert fs.statistics()["writeback"]["uploaded"] == 1
 
 
-async def test_fsync_waits_for_gcs(make_fs: Callable[[], Filesystem], bucket: MemoryBucket) -> None:
+async def test_fsync_is_local_durability(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket
+) -> None:
     fs = make_fs()
+    handle, _ = await fs.create(ROOT_INO, "f", os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"durable")
+    before = bucket.statistics()["requests"]
+    await fs.fsync(handle.fh)
+    assert bucket.statistics()["requests"] == before  # not one GCS request
+    assert journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    assert fs.pending_uploads() == 1
+    await fs.write(handle.fh, 7, b" again")  # written after the fsync: committed again
+    await fs.fsync(handle.fh)
+    await fs.release(handle.fh)
+    await fs.sync_all()
+    assert bucket.get("f") == b"durable again"
+
+
+async def test_fsync_to_gcs_waits_for_gcs(tmp_path: Path, bucket: MemoryBucket) -> None:
+    fs = Filesystem(
+        bucket,
+        Settings(temp_dir=str(tmp_path), fsync_to_gcs=True),
+        journal=Journal(tmp_path / "cache", "wb"),
+    )
     handle, _ = await fs.create(ROOT_INO, "f", os.O_WRONLY)
     await fs.write(handle.fh, 0, b"durable")
     await fs.flush(handle.fh)
@@ -116,6 +138,20 @@ async def test_fsync_waits_for_gcs(make_fs: Callable[[], Filesystem], bucket: Me
     assert bucket.get("f") == b"durable"
     await fs.release(handle.fh)
     assert journal_files(fs.journal) == []  # type: ignore[arg-type]
+    fs.close()
+
+
+async def test_sync_of_a_path_uploads_only_what_is_below_it(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket
+) -> None:
+    fs = make_fs()
+    for directory in ("a", "ab"):
+        parent = await fs.mkdir(ROOT_INO, directory)
+        await write_new(fs, "f", directory.encode(), parent.ino)
+    await fs.sync_all("a")
+    assert bucket.get("a/f") == b"a"
+    assert "ab/f" not in bucket.names()
+    assert fs.pending_uploads() == 1
 
 
 async def test_a_crash_before_the_upload_is_finished_by_the_next_mount(
@@ -192,6 +228,82 @@ async def test_rename_before_upload_is_local_and_uploads_the_final_name(
     ]
     assert bucket.get("step_10/a.msgpack") == b"a.msgpack" * 100
     assert bucket.statistics().get("copies", 0) == copies  # the files were never copied
+
+
+async def test_rename_of_an_uploaded_tree_ignores_rename_dir_limit(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
+) -> None:
+    """Write-back at the default delay uploads an Orbax tmp directory before its rename:
+    the rename copies it, whatever rename-dir-limit (0 here) says, and is journaled."""
+    fs = live_fs
+    nursery.start_soon(fs.run_uploads, 2)
+    tmp = await fs.mkdir(ROOT_INO, "step_1.tmp")
+    sub = await fs.mkdir(tmp.ino, "params")
+    await write_new(fs, "a", b"A" * 100, parent=sub.ino)
+    await write_new(fs, "b", b"B" * 100, parent=tmp.ino)
+    await settle(fs)
+    assert "step_1.tmp/params/a" in bucket.names()
+    await fs.rename(ROOT_INO, "step_1.tmp", ROOT_INO, "step_1")
+    assert sorted(bucket.names()) == ["step_1/", "step_1/b", "step_1/params/", "step_1/params/a"]
+    assert fs.journal is not None and fs.journal.moves.pending() == []
+    inode = await fs.lookup((await fs.lookup(ROOT_INO, "step_1")).ino, "b")
+    handle = await fs.open(inode.ino, os.O_RDONLY)
+    assert bytes(await fs.read(handle.fh, 0, 200)) == b"B" * 100
+    await fs.release(handle.fh)
+
+
+class Crash(BaseException):
+    """The daemon dies here (kill -9): nothing after this line of the rename runs."""
+
+
+class CrashingBucket(MemoryBucket):
+    """Counts copies and deletes; the one after ``survive`` of them crashes."""
+
+    def __init__(self, survive: int) -> None:
+        super().__init__("wb")
+        self.survive = survive
+        self.calls = 0
+
+    def _tick(self) -> None:
+        self.calls += 1
+        if self.calls > self.survive:
+            raise Crash
+
+    async def copy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._tick()
+        return await super().copy(*args, **kwargs)
+
+    async def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._tick()
+        return await super().delete(*args, **kwargs)
+
+
+@pytest.mark.parametrize("survive", [0, 1, 4, 7, 10])
+async def test_a_crash_anywhere_in_a_directory_rename_is_finished_by_the_next_mount(
+    tmp_path: Path, survive: int
+) -> None:
+    bucket = CrashingBucket(survive=10_000)
+    tree = {f"t/d{i % 2}/f{i}": bytes([i]) * (i + 1) for i in range(5)}
+    for name, data in tree.items():
+        await bucket.write_bytes(name, data, if_generation_match=0)
+    await bucket.write_bytes("t/", b"", if_generation_match=0)
+    settings = Settings(temp_dir=str(tmp_path), implicit_dirs=True)
+    fs = Filesystem(bucket, settings, journal=Journal(tmp_path / "cache", "wb"))
+    handle, _ = await fs.create((await fs.lookup(ROOT_INO, "t")).ino, "late", os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"committed under the old name")
+    await fs.release(handle.fh)  # committed, not uploaded (no uploader runs)
+    bucket.survive, bucket.calls = survive, 0
+    with pytest.raises((Crash, BaseExceptionGroup)):
+        await fs.rename(ROOT_INO, "t", ROOT_INO, "final")
+    fs.close()
+    bucket.survive = 10_000
+    journal = Journal(tmp_path / "cache", "wb")  # the next mount
+    recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert len(recovered.moves) == 1
+    expected = {"final/" + name[2:]: data for name, data in tree.items()}
+    expected |= {"final/": b"", "final/late": b"committed under the old name"}
+    assert {n: bucket.get(n) for n in bucket.names()} == expected
+    assert journal.moves.pending() == [] and journal.pending() == []
 
 
 async def test_unlink_before_upload_uploads_nothing(

@@ -38,7 +38,7 @@ commands:
   mount [options] BUCKET[/PREFIX] MOUNTPOINT   mount a bucket (gs://BUCKET also works)
   prefetch PATH...                             warm the tiers for files and directories
   stats [--json] MOUNTPOINT                    hits, misses and bytes per tier; GCS requests
-  sync MOUNTPOINT                              wait until everything written there is in GCS
+  sync PATH                                    wait until what was written at PATH is in GCS
   unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
   install-helper [--prefix DIR]                install /sbin/mount.tierfs for mount(8) and fstab
@@ -156,14 +156,18 @@ def _stats(argv: list[str]) -> int:
 
 
 def _sync(argv: list[str]) -> int:
-    """Exit 0 once every file closed (or written) under the mount is in GCS; else 1 and the
-    first error, one line."""
+    """Exit 0 once every file closed (or written) at or below PATH (a tierfs mountpoint or a
+    path inside one) is in GCS; else 1 and the first error, one line."""
     from tierfs.control import request
+    from tierfs.prefetch import tierfs_mount_of
 
     if len(argv) != 1 or argv[0].startswith("-"):
-        raise UsageError("usage: tierfs sync MOUNTPOINT")
+        raise UsageError("usage: tierfs sync PATH")
+    target = os.path.abspath(argv[0])
+    mountpoint = tierfs_mount_of(Path(target)) or target
+    relative = os.path.relpath(target, mountpoint)
     try:
-        answer = request(argv[0], "sync", timeout_s=None)
+        answer = request(mountpoint, "sync", None, {"path": "" if relative == "." else relative})
     except OSError as err:
         print(
             f"{PROG}: no tierfs mount answers at {argv[0]}: {err.strerror or err}", file=sys.stderr

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-MAX_REQUEST_BYTES = 1024
+MAX_REQUEST_BYTES = 64 << 10  # a request names at most one path
 
 
 def socket_dir() -> Path:
@@ -34,11 +34,13 @@ def socket_path(mountpoint: str) -> Path:
     return socket_dir() / f"{digest}.sock"
 
 
-async def serve_control(
-    mountpoint: str, handlers: dict[str, Callable[[], Awaitable[dict[str, Any]]]]
-) -> None:
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def serve_control(mountpoint: str, handlers: dict[str, Handler]) -> None:
     """Answer requests (``stats``, ``sync``: the keys of ``handlers``) until cancelled, one
-    JSON line each; the socket file is removed on the way out."""
+    JSON line each; the socket file is removed on the way out. A request is one line: its
+    name, then optionally a space and a JSON object of arguments (``sync {"path": "a/b"}``)."""
     path = socket_path(mountpoint)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
@@ -53,13 +55,23 @@ async def serve_control(
 
         async def answer(stream: trio.SocketStream) -> None:
             async with stream:
-                request = (await stream.receive_some(MAX_REQUEST_BYTES)).strip().decode()
-                handler = handlers.get(request)
+                line = b""
+                while b"\n" not in line and len(line) < MAX_REQUEST_BYTES:
+                    chunk = await stream.receive_some(MAX_REQUEST_BYTES)
+                    if not chunk:
+                        break
+                    line += chunk
+                name, _, raw = line.decode("utf-8", "replace").strip().partition(" ")
+                handler = handlers.get(name)
                 body: dict[str, Any]
-                if handler is None:
+                try:
+                    args = json.loads(raw) if raw else {}
+                except ValueError:
+                    args = None
+                if handler is None or not isinstance(args, dict):
                     body = {"error": "unknown request"}
                 else:
-                    body = {"mountpoint": mountpoint, **await handler()}
+                    body = {"mountpoint": mountpoint, **await handler(args)}
                 await stream.send_all(json.dumps(body).encode() + b"\n")
 
         await trio.serve_listeners(answer, [listener])
@@ -73,13 +85,19 @@ def request_statistics(mountpoint: str, timeout_s: float = 10.0) -> dict[str, An
     return request(mountpoint, "stats", timeout_s)
 
 
-def request(mountpoint: str, what: str, timeout_s: float | None = 10.0) -> dict[str, Any]:
+def request(
+    mountpoint: str,
+    what: str,
+    timeout_s: float | None = 10.0,
+    args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One request to the daemon of ``mountpoint`` (blocking; for the CLI)."""
     path = socket_path(mountpoint)
+    line = what if args is None else f"{what} {json.dumps(args)}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(timeout_s)
         client.connect(str(path))
-        client.sendall(what.encode() + b"\n")
+        client.sendall(line.encode() + b"\n")
         chunks = []
         while chunk := client.recv(1 << 16):
             chunks.append(chunk)

@@ -10,7 +10,8 @@ flush/fsync/close with a generation precondition (a lost race is ESTALE) or,
 with ``write:write-back``, committed to a local journal on close and uploaded
 in the background (`tierfs.writeback`; fsync and ``tierfs sync`` still wait);
 placeholder and implicit directories; directory rename by copy + delete up to
-``rename-dir-limit`` objects (EMFILE beyond).
+``rename-dir-limit`` objects (EMFILE beyond; with write-back, unbounded and
+journaled: `tierfs.dirmove`).
 
 Concurrency: trio runs handlers as tasks on one thread. The inode table and
 handle tables are changed only between checkpoints; a per-inode lock
@@ -38,6 +39,7 @@ from cachetools import LRUCache
 from mount_options import Config
 from mount_options.derive import file_cache_enabled
 from tierfs.blocks import BlockReader, Blocks, Spawn
+from tierfs.dirmove import move_objects
 from tierfs.errors import (
     AlreadyExists,
     IsADirectory,
@@ -107,6 +109,8 @@ class Settings:
     cache_for_range_read: bool = False
     passthrough: bool = True  # the kernel may read sealed SSD-tier files directly
     write_back_delay_s: float = 0.0  # with write-back: how long a closed file waits to upload
+    fsync_to_gcs: bool = False  # with write-back: fsync waits for GCS, not only the local tier
+    write_passthrough: bool = True  # with write-back: the kernel writes new files directly
     max_streams: float = 0  # new files uploaded while written (streaming writes) at a time
     stream_chunk_bytes: int = 32 << 20
 
@@ -140,6 +144,8 @@ class Settings:
             metadata_prefetch_workers=config["metadata-cache:metadata-prefetch-max-workers"],
             metadata_prefetch_entries=config["metadata-cache:metadata-prefetch-entries-limit"],
             write_back_delay_s=float(config["write:write-back-delay-secs"]),
+            fsync_to_gcs=config["write:fsync-to-gcs"],
+            write_passthrough=config["write:passthrough"],
             max_streams=max_streams(config),
             stream_chunk_bytes=max(1, int(config["write:block-size-mb"] * 4)) << 18,  # 256 KiB
             file_cache=file_cache_enabled(config.settings),
@@ -219,6 +225,7 @@ class Filesystem:
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
         self.staging_errors = 0  # local files for writes that could not be made
+        self.write_requests = 0  # WRITEs the daemon served (none for passthrough files)
         self.settings = settings
         self._file_mode = stat.S_IFREG | settings.file_mode
         self._dir_mode = stat.S_IFDIR | settings.dir_mode
@@ -270,6 +277,8 @@ class Filesystem:
         # Called for every entry of every readdir: positional fields, modes precomputed.
         s = self.settings
         staged = inode.staged
+        if staged is not None and staged.direct:
+            self._observe(inode)
         size = inode.size if staged is None else staged.size
         kind = inode.kind
         if kind is Kind.FILE:
@@ -550,6 +559,17 @@ class Filesystem:
             await self._start_stream(inode, object_name)
         self.inodes.remember(inode)
         handle = self._open_handle(inode, writable=True, flags=flags)
+        staged = inode.staged
+        if (
+            self.journal is not None
+            and self.settings.write_passthrough
+            and staged.record_id is not None
+            and inode.stream is None
+        ):
+            handle.backing_id = self.backings.open_staged(
+                inode, self.journal.data_path(staged.record_id)
+            )
+            staged.direct = bool(handle.backing_id)
         return handle, inode
 
     async def open(self, ino: int, flags: int) -> FileHandle:
@@ -614,6 +634,7 @@ class Filesystem:
             raise PreconditionFailed(inode.path) from None
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
+        self.write_requests += 1
         handle = self.files[fh]
         if not handle.writable:
             raise Unsupported("file not open for writing", errno.EBADF)
@@ -682,31 +703,53 @@ class Filesystem:
         await self._persist(self.files[fh].inode)
 
     async def fsync(self, fh: int) -> None:
-        """Always waits for GCS, write-back or not (and retries a failed background upload:
-        its error is this call's error)."""
-        await self._sync(self.files[fh].inode)
+        """Without write-back: upload now. With write-back: the data and its journal record
+        are durable on the local tier when this returns (the upload waits for the last
+        close); ``write:fsync-to-gcs`` makes it wait for GCS too (and retry a failed
+        background upload: its error is this call's error)."""
+        inode = self.files[fh].inode
+        if self.journal is not None and not self.settings.fsync_to_gcs:
+            await self._commit(inode)
+        else:
+            await self._sync(inode)
 
     async def release(self, fh: int) -> None:
         handle = self.files.pop(fh)
         if handle is None:
             return
+        self._observe(handle.inode)  # what the kernel wrote directly, before it lets go
         self._release_backing(handle)  # first: a next open must see the kernel's state
         try:
             await self._persist(handle.inode)
         finally:
             self._close_handle(handle)
+        self._queue_if_closed(handle.inode)
 
     async def _persist(self, inode: Inode) -> None:
-        """close() and flush(): upload now, or, with write-back, commit to the journal."""
+        """close() and flush(): upload now, or, with write-back, commit to the journal (a
+        flush also comes from a forked child's exit or a dup'd fd's close while the file is
+        still being written: the upload itself waits for the last release)."""
         if self.journal is None:
             await self._sync(inode)
         else:
             await self._commit(inode)
+            self._queue_if_closed(inode)  # (a path-based truncate or utime: nothing is open)
 
     def _release_backing(self, handle: FileHandle) -> None:
         if handle.backing_id:
             handle.backing_id = 0
-            self.backings.release(handle.inode)
+            inode = handle.inode
+            self.backings.release(inode)
+            if inode.staged is not None and not self.backings.holds_staged(inode):
+                inode.staged.direct = False
+
+    def _observe(self, inode: Inode) -> None:
+        """Take in what the kernel wrote straight into a staged file (passthrough)."""
+        staged = inode.staged
+        if staged is not None and staged.direct:
+            mtime_ns = staged.observe()
+            if mtime_ns is not None:
+                inode.mtime_ns = mtime_ns
 
     def _close_handle(self, handle: FileHandle) -> None:
         self._release_backing(handle)
@@ -748,6 +791,7 @@ class Filesystem:
             await self._sync_locked(inode)
 
     async def _sync_locked(self, inode: Inode) -> None:
+        self._observe(inode)
         staged = inode.staged
         if staged is None or not staged.dirty or inode.unlinked:
             return
@@ -774,8 +818,9 @@ class Filesystem:
     # -- write-back --------------------------------------------------------------------------
 
     async def _commit(self, inode: Inode) -> None:
-        """Make the staged file durable in the journal and queue its upload."""
+        """Make the staged file durable in the journal (`_queue_if_closed` uploads it)."""
         async with self._lock(inode):
+            self._observe(inode)
             staged = inode.staged
             if staged is None or not staged.dirty or inode.unlinked or staged.committed:
                 return
@@ -788,7 +833,20 @@ class Filesystem:
             await trio.to_thread.run_sync(self.journal.commit, staged.fd, self._record(inode))
             staged.committed_version = version
             self.writeback_counts["committed"] += 1
-        self._queue_upload(inode, self.settings.write_back_delay_s)
+
+    def _queue_if_closed(self, inode: Inode) -> None:
+        """With write-back, once no handle is open: queue the upload of what was committed.
+        Never while open, so no object is made from a file still being written."""
+        staged = inode.staged
+        if (
+            self.journal is not None
+            and inode.open_handles == 0
+            and not inode.unlinked
+            and staged is not None
+            and staged.committed
+            and staged.dirty
+        ):
+            self._queue_upload(inode, self.settings.write_back_delay_s)
 
     def _record(self, inode: Inode) -> Record:
         staged = inode.staged
@@ -807,9 +865,10 @@ class Filesystem:
 
     @staticmethod
     def _committed_again(inode: Inode) -> bool:
-        """Written and committed again while its upload ran: upload once more."""
+        """Written and committed again while its upload ran: upload once more (once it is
+        closed: the release of an open one queues it)."""
         staged = inode.staged
-        return staged is not None and staged.committed and staged.dirty
+        return inode.open_handles == 0 and staged is not None and staged.committed and staged.dirty
 
     async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
         """The write-back uploader (runs until cancelled): see `tierfs.uploader`."""
@@ -820,6 +879,8 @@ class Filesystem:
 
     async def _upload_in_background(self, inode: Inode) -> bool:
         """One queued upload; False when it should be tried again later."""
+        if inode.open_handles:
+            return True  # opened again while queued: its last release queues it again
         try:
             await self._sync(inode)
         except PreconditionFailed:
@@ -962,6 +1023,7 @@ class Filesystem:
         return self.attr(inode)
 
     async def _truncate(self, inode: Inode, size: int) -> None:
+        self._observe(inode)
         old_size = inode.staged.size if inode.staged is not None else inode.size
         if inode.staged is None:
             await self._stage(inode, size)
@@ -1162,8 +1224,16 @@ class Filesystem:
                     local.append(inode)
                 elif inode.staged.dirty:
                     await self._sync_locked(inode)
+            moves = self.journal.moves if self.journal is not None else None
+            move = None
+            if moves is not None:  # journaled: a crash from here on is finished at remount
+                move = await trio.to_thread.run_sync(
+                    moves.begin, self.names.dir_object(source.path), self.names.dir_object(new_path)
+                )
             await self._rename_dir_objects(source, new_path)
             await self._rename_records(local)
+            if moves is not None and move is not None:
+                await trio.to_thread.run_sync(moves.end, move)
 
     async def _rename_records(self, inodes: list[Inode]) -> None:
         """Point the journal records of moved write-back files at their new names."""
@@ -1177,7 +1247,7 @@ class Filesystem:
         new_prefix = self.names.dir_object(new_path)
         objects = await self.names.list_below(source.path)
         descendants = [o for o in objects if o.name != old_prefix]
-        if len(descendants) > self.settings.rename_dir_limit:
+        if self.journal is None and len(descendants) > self.settings.rename_dir_limit:
             raise TooManyObjects(
                 f"{source.path}: {len(descendants)} objects > rename-dir-limit "
                 f"{self.settings.rename_dir_limit}"
@@ -1185,14 +1255,7 @@ class Filesystem:
         if not any(o.name == old_prefix for o in objects):
             # An implicit directory: give the new one a placeholder so it exists either way.
             await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
-        copies: dict[str, ObjectInfo] = {}
-        async with trio.open_nursery() as nursery:
-            for info in objects:
-                destination = new_prefix + info.name[len(old_prefix) :]
-                nursery.start_soon(self._copy_one, info, destination, copies)
-        async with trio.open_nursery() as nursery:
-            for info in objects:
-                nursery.start_soon(self._delete_one, info)
+        copies = await move_objects(self.bucket, objects, old_prefix, new_prefix)
         self._removed(source.path)
         self.names.forget(new_path, below=True)
         self.inodes.move(source, new_path)
@@ -1212,19 +1275,6 @@ class Filesystem:
             raise NotFound(inode.parent_path)
         await self.rmdir(parent.ino, inode.name)
 
-    async def _copy_one(
-        self, info: ObjectInfo, destination: str, copies: dict[str, ObjectInfo]
-    ) -> None:
-        copies[destination] = await self.bucket.copy(
-            info.name, destination, source_generation=info.generation, if_generation_match=None
-        )
-
-    async def _delete_one(self, info: ObjectInfo) -> None:
-        try:
-            await self.bucket.delete(info.name, if_generation_match=info.generation)
-        except NotFound:
-            pass
-
     def statistics(self) -> dict[str, object]:
         """Everything `tierfs stats` shows: GCS requests and bytes, tiers, metadata cache."""
         return {
@@ -1236,6 +1286,7 @@ class Filesystem:
             "inodes": len(self.inodes),
             "open_files": len(self.files),
             "staging_errors": self.staging_errors,
+            "write_requests": self.write_requests,
             "writeback": {
                 "enabled": self.journal is not None,
                 "pending": self.pending_uploads(),
@@ -1254,11 +1305,14 @@ class Filesystem:
 
     # -- shutdown ---------------------------------------------------------------------------------
 
-    async def sync_all(self) -> None:
+    async def sync_all(self, path: str = "") -> None:
         """Upload every dirty file now (``tierfs sync``, unmount, SIGTERM), write-back ones
-        included. Errors are raised after trying all: the first, with how many failed."""
+        included; only ``path`` and what is below it, if given. Errors are raised after
+        trying all: the first, with how many failed."""
         failures: list[Exception] = []
         for inode in list(self.inodes.by_ino.values()):
+            if path and inode.path != path and not inode.path.startswith(path + "/"):
+                continue
             if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
                 try:
                     await self._sync(inode)

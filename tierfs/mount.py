@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from tierfs.blocks import Blocks, spawner
 from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import AUTO, SsdTier
-from tierfs.control import serve_control
+from tierfs.control import Handler, serve_control
 from tierfs.errors import TierfsError, root_cause
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
@@ -191,6 +191,7 @@ async def _serve_mounted(
             ready(f"cannot use {root} for write-back: {err.strerror or err}")
             return
         if recovered.uploaded or recovered.already_there or recovered.conflicts:
+            # (Finished directory renames say so themselves, one line each.)
             log.warning(
                 "write-back: finished %d upload(s) left by a previous daemon (%d were already "
                 "in GCS, %d kept as conflicts)",
@@ -233,14 +234,15 @@ async def _serve_mounted(
         log.info("unmounted %s", mountpoint)
 
 
-def _control_handlers(fs: Filesystem) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
-    async def stats() -> dict[str, Any]:
+def _control_handlers(fs: Filesystem) -> dict[str, Handler]:
+    async def stats(args: dict[str, Any]) -> dict[str, Any]:
         return fs.statistics()
 
-    async def sync() -> dict[str, Any]:
-        """``tierfs sync``: everything written so far is in GCS, or the first error."""
+    async def sync(args: dict[str, Any]) -> dict[str, Any]:
+        """``tierfs sync [PATH]``: everything written so far (at or below ``path``, relative
+        to the mount root) is in GCS, or the first error."""
         try:
-            await fs.sync_all()
+            await fs.sync_all(str(args.get("path", "")))
         except Exception as err:
             return {"error": f"{describe(err)} ({fs.pending_uploads()} file(s) not in GCS yet)"}
         return {"synced": True}

@@ -25,6 +25,7 @@ import pyfuse3
 
 from tierfs.errors import NotFound, errno_of
 from tierfs.filesystem import NEVER_S, Attr, Filesystem
+from tierfs.handles import FileHandle
 from tierfs.namespace import decode_name, decode_target
 from tierfs.passthrough import KernelBackingFiles
 
@@ -69,6 +70,16 @@ def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     return wrapped
 
 
+def file_info(handle: FileHandle) -> pyfuse3.FileInfo:
+    """The reply to OPEN and CREATE. A handle with a backing file (passthrough: the kernel
+    reads or writes that file itself) may not ask for KEEP_CACHE."""
+    if handle.backing_id:
+        return pyfuse3.FileInfo(  # type: ignore[call-arg]
+            fh=handle.fh, keep_cache=False, backing_id=handle.backing_id
+        )
+    return pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
+
+
 def entry(attr: Attr) -> pyfuse3.EntryAttributes:
     out = pyfuse3.EntryAttributes()
     out.st_ino = attr.ino
@@ -101,11 +112,12 @@ class Operations(pyfuse3.Operations):
         self.fs = fs
         fs.kernel_forget = self._kernel_forget
         self.kernel_lists = KERNEL_LIST_CACHE and fs.settings.list_ttl_s > 0
-        # Asked for at INIT (pyfuse3 reads this attribute) only with an SSD tier to read.
-        self.enable_passthrough = (
-            PASSTHROUGH
-            and fs.settings.passthrough
-            and any(tier.name == "ssd" for tier in fs.blocks.tiers)
+        # Asked for at INIT (pyfuse3 reads this attribute) only with an SSD tier to read, or
+        # write-back files to write.
+        settings = fs.settings
+        self.enable_passthrough = PASSTHROUGH and (
+            (settings.passthrough and any(tier.name == "ssd" for tier in fs.blocks.tiers))
+            or (fs.journal is not None and settings.write_passthrough)
         )
         release = os.uname().release
         if self.kernel_lists and not kernel_drops_listings(release):
@@ -121,7 +133,7 @@ class Operations(pyfuse3.Operations):
         if self.enable_passthrough and getattr(pyfuse3, "passthrough", False):
             self.fs.backings.files = KernelBackingFiles()
         elif self.enable_passthrough:
-            log.info("this kernel offers no FUSE passthrough: reads go through tierfs")
+            log.info("this kernel offers no FUSE passthrough: reads and writes go through tierfs")
 
     @staticmethod
     def _kernel_forget(parent_ino: int, name: str) -> None:
@@ -251,17 +263,11 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         handle, inode = await self.fs.create(parent_inode, decode_name(name), flags)
-        info = pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
-        return info, entry(self.fs.attr(inode))
+        return file_info(handle), entry(self.fs.attr(inode))
 
     @_handler
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        handle = await self.fs.open(inode, flags)
-        if handle.backing_id:  # the kernel reads the cache file; KEEP_CACHE is not allowed
-            return pyfuse3.FileInfo(  # type: ignore[call-arg]
-                fh=handle.fh, keep_cache=False, backing_id=handle.backing_id
-            )
-        return pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io, keep_cache=True)
+        return file_info(await self.fs.open(inode, flags))
 
     @_handler
     async def read(self, fh: int, off: int, size: int) -> bytes:

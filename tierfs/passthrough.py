@@ -1,4 +1,5 @@
-"""FUSE passthrough: the kernel reads a whole cached object straight from its SSD-tier file.
+"""FUSE passthrough: the kernel reads a cached object from its SSD-tier file, and writes a
+new write-back file straight into its staged file.
 
 Why: through the daemon, every 1 MiB read is a round trip and two copies (disk to the
 daemon, the daemon to the kernel), and a restore after a remount reached 0.38 of a local
@@ -19,6 +20,13 @@ The kernel's rules (``fs/fuse/iomode.c``) that shape `Backings`:
   opens are served the ordinary way.
 - ``FOPEN_KEEP_CACHE`` is not allowed with passthrough (the operations layer leaves it
   off).
+
+Writes: a file created on a write-back mount is bound to its staged file in the
+journal (`open_staged`): the kernel writes it as a local file, and the daemon
+sees CREATE, FLUSH and RELEASE, never a WRITE. It learns what was written from
+the file itself (`Staged.observe`: size and mtime) whenever it must decide
+(attributes, commit, upload). Other opens of that inode while it is bound share
+its id, as the kernel requires.
 
 The daemon learns of a close only when the RELEASE arrives, after the kernel forgot the
 file: its counts may lag behind the kernel's, never run ahead of them, so the rules
@@ -55,10 +63,11 @@ class BackingFiles(Protocol):
 
 @dataclass
 class Shared:
-    """One inode's backing file, shared by all its passthrough opens."""
+    """One inode's backing file, shared by all its passthrough opens: a sealed SSD-tier
+    file (``pinned``), or the staged file of a write-back file being written (None)."""
 
     backing_id: int
-    pinned: Passthrough
+    pinned: Passthrough | None
     generation: int
     handles: int = 1
 
@@ -72,7 +81,7 @@ class Backings:
 
     def __post_init__(self) -> None:
         self._shared: dict[int, Shared] = {}  # ino -> its backing, while opens hold it
-        self.counts = {"opens": 0, "busy": 0, "failed": 0}
+        self.counts = {"opens": 0, "write_opens": 0, "busy": 0, "failed": 0}
 
     def statistics(self) -> dict[str, object]:
         """For `tierfs stats`: opens given passthrough, refused (EBUSY), failed, and the
@@ -84,7 +93,8 @@ class Backings:
         a read-only open of a clean object. Raises `Busy` where the kernel would refuse."""
         shared = self._shared.get(inode.ino)
         if shared is not None:
-            if eligible and shared.generation == inode.generation:
+            if shared.pinned is None or (eligible and shared.generation == inode.generation):
+                # (Every open of a staged file the kernel writes must name it too.)
                 shared.handles += 1
                 self.counts["opens"] += 1
                 return shared.backing_id
@@ -116,6 +126,26 @@ class Backings:
         self.counts["opens"] += 1
         return backing_id
 
+    def open_staged(self, inode: Inode, path: Path) -> int:
+        """The backing id for a new write-back file, whose staged file is at ``path``: the
+        kernel then writes (and reads) it with no daemon round trip. 0: no passthrough."""
+        if self.files is None or inode.ino in self._shared:
+            return 0
+        try:
+            backing_id = self.files.open(path)
+        except OSError as exc:
+            self.counts["failed"] += 1
+            log.warning("passthrough refused (%s): writes go through tierfs from now on", exc)
+            self.files = None
+            return 0
+        self._shared[inode.ino] = Shared(backing_id, None, inode.generation)
+        self.counts["write_opens"] += 1
+        return backing_id
+
+    def holds_staged(self, inode: Inode) -> bool:
+        shared = self._shared.get(inode.ino)
+        return shared is not None and shared.pinned is None
+
     def release(self, inode: Inode) -> None:
         """One passthrough open of ``inode`` is closed."""
         shared = self._shared.get(inode.ino)
@@ -125,7 +155,8 @@ class Backings:
         if shared.handles > 0:
             return
         del self._shared[inode.ino]
-        self.blocks.unpin(shared.pinned)
+        if shared.pinned is not None:
+            self.blocks.unpin(shared.pinned)
         if self.files is not None:
             try:
                 self.files.close(shared.backing_id)

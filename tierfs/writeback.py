@@ -25,12 +25,16 @@ it serves anything. For each record it looks at the object in GCS:
   ``conflicts/`` in the journal directory and an ERROR names it. It is never
   uploaded over the other client's object, and never thrown away.
 
+A directory rename is journaled too (``moves/``, see `tierfs.dirmove`) and
+finished after the uploads.
+
 Data files without a record were never committed (their close() had not
 returned): they are deleted. Layout::
 
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.data   the staged bytes
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.json   the record
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/conflicts/  kept, never uploaded
+    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/moves/      directory renames under way
 
 Files are 0600 and directories 0700: they hold the user's data.
 """
@@ -44,12 +48,14 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import google_crc32c
 
+from tierfs.dirmove import Move, recover_moves
 from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
 
@@ -80,6 +86,7 @@ class Recovery:
     conflicts: list[Path] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
     uncommitted: int = 0
+    moves: list[Move] = field(default_factory=list)  # directory renames finished
 
 
 def _fsync_dir(path: Path) -> None:
@@ -90,6 +97,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_durably(final: Path, body: dict[str, object]) -> None:
+    """A JSON record that is either wholly there or absent after a crash: temp file,
+    fsync, rename, fsync of the directory."""
+    tmp = final.with_name(final.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
+    try:
+        os.write(fd, json.dumps(body, sort_keys=True).encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
 def file_crc32c(path: Path | str) -> str:
     """Base64 CRC32C of a file, as GCS reports ``crc32c``."""
     checksum = google_crc32c.Checksum()
@@ -97,6 +118,36 @@ def file_crc32c(path: Path | str) -> str:
         while chunk := handle.read(_CHUNK):
             checksum.update(chunk)
     return base64.b64encode(checksum.digest()).decode()
+
+
+class MoveLog:
+    """The journaled directory renames of one write-back journal (`tierfs.dirmove`).
+    Blocking methods: call them from a thread."""
+
+    def __init__(self, journal_dir: Path) -> None:
+        self.dir = journal_dir / "moves"
+        self.dir.mkdir(mode=_DIR_MODE, exist_ok=True)
+
+    def begin(self, source: str, destination: str) -> Move:
+        """Durably record a move before any of it happens."""
+        move = Move(f"{time.time_ns():020d}-{secrets.token_hex(4)}", source, destination)
+        _write_durably(self.dir / f"{move.id}.json", asdict(move))
+        return move
+
+    def end(self, move: Move) -> None:
+        (self.dir / f"{move.id}.json").unlink(missing_ok=True)
+
+    def pending(self) -> list[Move]:
+        """Unfinished moves, oldest first (the ids sort by the time they were made)."""
+        moves = []
+        for leftover in self.dir.glob("*.json.tmp"):
+            leftover.unlink(missing_ok=True)  # never made durable: that rename never began
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                moves.append(Move(**json.loads(path.read_text(encoding="utf-8"))))
+            except (ValueError, TypeError) as err:
+                log.error("write-back journal: unreadable rename record %s (%s); kept", path, err)
+        return moves
 
 
 class Journal:
@@ -110,6 +161,7 @@ class Journal:
         for directory in (self.dir.parent, self.dir, self.conflicts_dir):
             directory.mkdir(mode=_DIR_MODE, exist_ok=True)
             os.chmod(directory, _DIR_MODE)
+        self.moves = MoveLog(self.dir)
 
     def data_path(self, record_id: str) -> Path:
         return self.dir / f"{record_id}.data"
@@ -135,17 +187,7 @@ class Journal:
         self.write_record(record)
 
     def write_record(self, record: Record) -> None:
-        final = self.record_path(record.id)
-        tmp = final.with_name(final.name + ".tmp")
-        body = json.dumps(asdict(record), sort_keys=True).encode("utf-8")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        _fsync_dir(self.dir)
+        _write_durably(self.record_path(record.id), asdict(record))
 
     def done(self, record_id: str) -> None:
         """The upload of this record is in GCS: drop the record (the data file stays while
@@ -220,6 +262,8 @@ class Journal:
                     record.object,
                     kept,
                 )
+        # After the uploads: a file committed under a directory's old name moves with it.
+        result.moves = await recover_moves(bucket, self.moves)
         return result
 
     async def _recover_one(

@@ -25,6 +25,7 @@ journal's record stands for.
 from __future__ import annotations
 
 import datetime
+import errno
 import mimetypes
 import os
 import tempfile
@@ -36,6 +37,8 @@ from tierfs.storage import Bucket, ObjectInfo
 from tierfs.writeback import Journal
 
 COPY_CHUNK_BYTES = 8 << 20
+# Less free space than this after a direct (passthrough) write: a write probably failed.
+FULL_DISK_BYTES = 1 << 20
 MTIME_KEY = "gcsfuse_mtime"
 
 
@@ -56,6 +59,10 @@ class Staged:
         # errno of a local write that failed (ENOSPC...): the file no longer holds what the
         # writer meant, so it is never uploaded (see Filesystem._abandon).
         self.write_error = 0
+        # The kernel writes this file itself (FUSE passthrough) while this is set: the
+        # daemon learns of those writes only from the file (`observe`).
+        self.direct = False
+        self._seen: tuple[int, int] = (0, 0)  # (size, mtime_ns) at the last observe
 
     @classmethod
     def new(cls, temp_dir: str, base_generation: int = 0, journal: Journal | None = None) -> Staged:
@@ -126,6 +133,24 @@ class Staged:
             raise
         self.size = size
         self.version += 1
+
+    def observe(self) -> int | None:
+        """Take in what the kernel wrote directly since the last call: the new mtime in ns
+        if the file changed (its size and version are brought up to date), else None."""
+        status = os.fstat(self.fd)
+        seen = (status.st_size, status.st_mtime_ns)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        self.size = status.st_size
+        self.version += 1
+        if not self.write_error:
+            space = os.fstatvfs(self.fd)
+            if space.f_bfree * space.f_frsize < FULL_DISK_BYTES:
+                # The kernel told the writer ENOSPC, not us: a file written directly onto a
+                # full disk is taken as cut short, never uploaded (as a failed daemon write).
+                self.write_error = errno.ENOSPC
+        return status.st_mtime_ns
 
     def touch(self) -> None:
         """Mark dirty without changing bytes (an mtime change to upload)."""
