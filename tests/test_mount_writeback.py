@@ -433,3 +433,31 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     assert (again.path / "final" / "d1" / "f5").read_bytes() == tree["t/d1/f5"]
     assert not (again.path / "t").exists()
     assert list(moves.rglob("moves/*.json")) == []
+
+
+def test_creates_in_a_directory_this_mount_made_ask_gcs_nothing(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """The kernel looks every new name up first; in a directory this mount made, the answer
+    (ENOENT) comes from the mount's own table. Everything else still asks GCS."""
+    gcs_client.bucket(bucket_name).blob("old/kept").upload_from_string(b"from before")
+    mount = mount_factory(
+        "--write-back", HOLD, "--implicit-dirs", f"--cache-dir={tmp_path / 'cache'}"
+    )
+    (mount.path / "step_1").mkdir()
+    before = stats(mount)["gcs"]
+    for i in range(40):
+        (mount.path / "step_1" / f"shard_{i}").write_bytes(b"s" * i)
+    (mount.path / "step_1" / "sub").mkdir()
+    (mount.path / "step_1" / "sub" / "x").write_bytes(b"x")
+    os.rename(mount.path / "step_1" / "shard_0", mount.path / "step_1" / "shard_00")
+    assert not (mount.path / "step_1" / "missing").exists()
+    after = stats(mount)["gcs"]
+    assert (after["stats"], after["lists"]) == (before["stats"], before["lists"])
+    assert (mount.path / "old" / "kept").read_bytes() == b"from before"  # not owned: asked
+    asked = stats(mount)["gcs"]
+    assert asked["stats"] + asked["lists"] > after["stats"] + after["lists"]
+    assert tierfs_sync(mount).returncode == 0
+    names = set(objects(gcs_client, bucket_name))
+    assert {"step_1/shard_00", "step_1/shard_39", "step_1/sub/x"} <= names
+    assert "step_1/shard_0" not in names

@@ -17,7 +17,7 @@ from tierfs.errors import BackendError
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
-from tierfs.uploader import Uploader
+from tierfs.uploader import MAX_YIELD_S, QUIET_S, Uploader
 from tierfs.writeback import Journal
 
 pytestmark = pytest.mark.trio
@@ -393,3 +393,71 @@ async def test_uploader_queues_once_retries_with_backoff_and_uploads_again(
     a_times = [round(t - start) for name, t in attempts if name == "a"]
     assert a_times == [0, 6, 17, 38]  # each retry waits 5, 10, 20 s after a 1 s attempt
     assert [name for name, _ in attempts].count("b") == 2  # committed again once
+
+
+async def test_uploads_yield_to_writers_for_a_bounded_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An upload starts once the writers have been quiet for QUIET_S, or after MAX_YIELD_S
+    of a writer that never pauses (uploads are deferred, never starved)."""
+    started: list[float] = []
+
+    async def attempt(item: str) -> bool:
+        started.append(trio.current_time())
+        return True
+
+    uploader: Uploader[str] = Uploader(attempt, lambda item: False)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(uploader.run, 1, 5.0)
+        await trio.sleep(1)
+        start = trio.current_time()
+        uploader.busy()
+        uploader.queue(1, "after a pause")
+        await trio.sleep(0.05)
+        uploader.busy()  # one more close 50 ms later
+        while not uploader.idle():
+            await trio.sleep(0.01)
+        assert round(started[0] - start, 2) == round(0.05 + QUIET_S, 2)
+        start = trio.current_time()
+        uploader.queue(2, "beside a writer that never pauses")
+        while not uploader.idle():
+            uploader.busy()
+            await trio.sleep(0.02)
+        assert MAX_YIELD_S <= started[1] - start < MAX_YIELD_S + 0.1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_record_whose_data_did_not_all_reach_the_disk_is_kept_not_uploaded(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() is not fsync: after a power cut a record can be on disk with its data cut
+    short. The next mount sees the size differ and keeps the bytes aside."""
+    fs = make_fs()
+    await write_new(fs, "closed-only", b"x" * 10_000)
+    await write_new(fs, "fine", b"y" * 100)
+    journal = fs.journal
+    assert journal is not None
+    (short,) = [r for r in journal.pending() if r.object == "closed-only"]
+    assert short.size == 10_000
+    os.truncate(journal.data_path(short.id), 4096)  # what reached the disk
+    fs.close()
+    recovered = await Journal(journal.dir.parent.parent, "wb").recover(
+        bucket, trio.to_thread.run_sync
+    )
+    assert recovered.uploaded == ["fine"]
+    assert "closed-only" not in bucket.names()
+    assert [p.stat().st_size for p in recovered.conflicts] == [4096]
+    assert "not fsync'd" in caplog.text
+
+
+async def test_fsync_makes_a_closed_file_durable_too(make_fs: Callable[[], Filesystem]) -> None:
+    """A file committed by close, then opened and fsync'd without a write: fsync still
+    makes it durable (the close's commit was not)."""
+    fs = make_fs()
+    ino = await write_new(fs, "f", b"data")
+    handle = await fs.open(ino, os.O_RDONLY)
+    staged = fs.inodes.by_ino[ino].staged
+    assert staged is not None and staged.durable_version is None
+    await fs.fsync(handle.fh)
+    assert staged.durable_version == staged.version
+    await fs.release(handle.fh)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import math
 import mimetypes
@@ -63,6 +64,7 @@ from tierfs.namespace import (
     check_new_name,
     is_symlink,
 )
+from tierfs.owned import OwnedDirs
 from tierfs.passthrough import Backings
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.streaming import Stream
@@ -224,6 +226,7 @@ class Filesystem:
         self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
+        self.owned = OwnedDirs()  # with write-back: directories made here, answered locally
         self.staging_errors = 0  # local files for writes that could not be made
         self.write_requests = 0  # WRITEs the daemon served (none for passthrough files)
         self.settings = settings
@@ -325,7 +328,8 @@ class Filesystem:
         """The inode of ``name`` in a directory; the caller hands it to the kernel (+1 lookup)."""
         parent = self._dir(parent_ino)
         path = self.names.child_path(parent.path, name)
-        self._prefetch_listing(parent.path)
+        if not self.owned.owns(parent.path):  # (an owned one holds only what we made)
+            self._prefetch_listing(parent.path)
         listing = self._listing_in_flight.get(parent.path)
         if listing is not None and self.inodes.current(path) is None:
             await listing.wait()  # one listing answers this and its siblings: no own requests
@@ -375,6 +379,8 @@ class Filesystem:
         current = self.inodes.current(path)
         if current is not None and (current.local_only or current.staged is not None):
             return current  # local state is newer than anything GCS can say
+        if current is None and self.owned.absent(path):
+            return None  # in a directory this mount made, and never made here
         found = await self.names.lookup(path)
         current = self.inodes.current(path)  # may have changed while we awaited
         if current is not None and (current.local_only or current.staged is not None):
@@ -523,6 +529,10 @@ class Filesystem:
             Kind.DIR, path, mtime_ns=parse_mtime(info.metadata, info.updated_s), placeholder=True
         )
         self.inodes.remember(inode)
+        if self.journal is not None:
+            self.owned.made(path)
+        else:
+            self.owned.added(path)
         return inode
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
@@ -540,17 +550,20 @@ class Filesystem:
         except NotFound:
             pass  # an implicit directory: nothing to delete
         self._removed(path)
+        self.owned.removed(path, is_dir=True)
         self.inodes.detach(inode)
 
     # -- files: create, open, read, write --------------------------------------------------------
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
+        self.uploads.busy()
         path = self._new_path(parent_ino, name)
         object_name = self.names.file_object(path)
         existing = self.inodes.current(path)
         if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
             raise AlreadyExists(path)
         inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
+        self.owned.added(path)
         with self._staging():
             inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
         if self.settings.create_empty_file:
@@ -709,7 +722,7 @@ class Filesystem:
         background upload: its error is this call's error)."""
         inode = self.files[fh].inode
         if self.journal is not None and not self.settings.fsync_to_gcs:
-            await self._commit(inode)
+            await self._commit(inode, durable=True)
         else:
             await self._sync(inode)
 
@@ -729,6 +742,7 @@ class Filesystem:
         """close() and flush(): upload now, or, with write-back, commit to the journal (a
         flush also comes from a forked child's exit or a dup'd fd's close while the file is
         still being written: the upload itself waits for the last release)."""
+        self.uploads.busy()
         if self.journal is None:
             await self._sync(inode)
         else:
@@ -811,18 +825,24 @@ class Filesystem:
         if inode.generation == 0:
             inode.unlinked = True
             self._removed(inode.path)
+            self.owned.removed(inode.path)
             self.inodes.detach(inode)
         log.error("%s: a local write failed (%s); changes dropped", inode.path, os.strerror(code))
         raise OSError(code, os.strerror(code), inode.path)
 
     # -- write-back --------------------------------------------------------------------------
 
-    async def _commit(self, inode: Inode) -> None:
-        """Make the staged file durable in the journal (`_queue_if_closed` uploads it)."""
+    async def _commit(self, inode: Inode, *, durable: bool = False) -> None:
+        """Commit the staged file to the journal (`_queue_if_closed` uploads it): safe from
+        a daemon crash once this returns, and with ``durable`` (fsync) from a machine crash
+        too. close() is not durable, as on a local disk: an fsync per close would cap a
+        save of small files at a few hundred per second."""
         async with self._lock(inode):
             self._observe(inode)
             staged = inode.staged
-            if staged is None or not staged.dirty or inode.unlinked or staged.committed:
+            if staged is None or not staged.dirty or inode.unlinked:
+                return
+            if staged.committed and (not durable or staged.durable_version == staged.version):
                 return
             if staged.clobbered:
                 raise PreconditionFailed(inode.path)
@@ -830,8 +850,14 @@ class Filesystem:
                 self._abandon(inode)
             assert self.journal is not None and staged.record_id is not None
             version = staged.version
-            await trio.to_thread.run_sync(self.journal.commit, staged.fd, self._record(inode))
+            await trio.to_thread.run_sync(
+                functools.partial(
+                    self.journal.commit, staged.fd, self._record(inode), durable=durable
+                )
+            )
             staged.committed_version = version
+            if durable:
+                staged.durable_version = version
             self.writeback_counts["committed"] += 1
 
     def _queue_if_closed(self, inode: Inode) -> None:
@@ -858,6 +884,7 @@ class Filesystem:
             staged.base_generation,
             self._upload_metadata(inode),
             mimetypes.guess_type(object_name)[0],
+            staged.size,
         )
 
     def _queue_upload(self, inode: Inode, delay_s: float = 0.0) -> None:
@@ -1068,6 +1095,7 @@ class Filesystem:
             inode.unlinked = True
             self._end_stream(inode)
             self._removed(path)
+            self.owned.removed(path)
             self.inodes.detach(inode)
             if inode.open_handles == 0:
                 self._drop_staged(inode)  # a write-back file not uploaded yet: never will be
@@ -1114,6 +1142,7 @@ class Filesystem:
             metadata=dict(info.metadata),
         )
         self.inodes.remember(inode)
+        self.owned.added(path)
         return inode
 
     def readlink(self, ino: int) -> str:
@@ -1145,6 +1174,7 @@ class Filesystem:
             await self._rename_dir(source, target, new_path)
         else:
             await self._rename_file(source, target, new_path)
+        self.owned.moved(old_path, new_path, is_dir=source.kind is Kind.DIR)
 
     async def _rename_file(self, source: Inode, target: Inode | None, new_path: str) -> None:
         if target is not None and target.kind is Kind.DIR:

@@ -1,16 +1,23 @@
-"""Write-back: close() returns once a file is durable on local disk; GCS gets it later.
+"""Write-back: close() returns once a file is committed locally; GCS gets it later.
 
 With ``write:write-back`` on, a file being written is staged in a *named* file of
 this journal directory instead of an anonymous temp file. close() (FUSE flush and
-release) then only *commits* it: the data file is fdatasync'd, and a small JSON
-record saying which object it becomes (name, the generation it replaces, its
-metadata) is written next to it, atomically (temp file, fsync, rename, fsync of the
-directory). A background uploader makes it durable in GCS and deletes the record.
+release) then only *commits* it: a small JSON record saying which object it
+becomes (name, the generation it replaces, its metadata, its size) is written next
+to it, atomically (temp file, rename). fsync does the same durably: the data file
+is fdatasync'd, the record fsync'd before its rename and the directory after. A
+background uploader makes it durable in GCS and deletes the record.
+
+What survives what: a daemon crash (kill -9) loses nothing whose close returned
+(the kernel's page cache holds it); a machine crash loses nothing whose fsync
+returned, as on a local disk. A record that reached the disk without all of its
+data (closed, not fsync'd, then the power went) is caught by its size and kept
+aside, never uploaded.
 
 Why a record per file and not one log: a commit, an upload and a rename of one
 file touch only that file's record, with no compaction and no lock shared by
-unrelated files. The data file is the staged file itself, so a commit costs one
-fdatasync of data the kernel mostly holds already, never a copy.
+unrelated files. The data file is the staged file itself, so a commit never copies
+data, and a durable one costs one fdatasync of data the kernel mostly holds already.
 
 Crash safety (kill -9 of the daemon, or the machine): the next mount with the same
 journal directory (``cache-dir``, else ``temp-dir``) runs `Journal.recover` before
@@ -21,6 +28,7 @@ it serves anything. For each record it looks at the object in GCS:
 - already holding exactly these bytes (same size and CRC32C): the upload finished
   before the crash, only the record survived: nothing to do (nothing is uploaded
   twice);
+- a data file shorter or longer than its record says: kept aside as below;
 - anything else (another client wrote or deleted it since): the data is moved to
   ``conflicts/`` in the journal directory and an ERROR names it. It is never
   uploaded over the other client's object, and never thrown away.
@@ -75,6 +83,7 @@ class Record:
     base_generation: int
     metadata: dict[str, str] = field(default_factory=dict)
     content_type: str | None = None
+    size: int = -1  # the data file's size when committed (-1: not recorded)
 
 
 @dataclass
@@ -97,18 +106,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_durably(final: Path, body: dict[str, object]) -> None:
+def _write_record(final: Path, body: dict[str, object], *, durable: bool = True) -> None:
     """A JSON record that is either wholly there or absent after a crash: temp file,
-    fsync, rename, fsync of the directory."""
+    rename; with ``durable``, fsync'd before the rename and the directory after it."""
     tmp = final.with_name(final.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
     try:
         os.write(fd, json.dumps(body, sort_keys=True).encode("utf-8"))
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    if durable:
+        _fsync_dir(final.parent)
 
 
 def file_crc32c(path: Path | str) -> str:
@@ -131,7 +142,7 @@ class MoveLog:
     def begin(self, source: str, destination: str) -> Move:
         """Durably record a move before any of it happens."""
         move = Move(f"{time.time_ns():020d}-{secrets.token_hex(4)}", source, destination)
-        _write_durably(self.dir / f"{move.id}.json", asdict(move))
+        _write_record(self.dir / f"{move.id}.json", asdict(move))
         return move
 
     def end(self, move: Move) -> None:
@@ -180,14 +191,16 @@ class Journal:
                 continue
             return record_id, fd
 
-    def commit(self, fd: int, record: Record) -> None:
-        """Make the data durable, then the record naming it: after this returns, a crash
-        loses nothing (the next mount uploads it)."""
-        os.fdatasync(fd)
-        self.write_record(record)
+    def commit(self, fd: int, record: Record, *, durable: bool = True) -> None:
+        """Write the record naming the data file: after this returns, a daemon crash loses
+        nothing (the next mount uploads it). ``durable`` (fsync): the data, then the
+        record, reach the disk first, so a machine crash loses nothing either."""
+        if durable:
+            os.fdatasync(fd)
+        self.write_record(record, durable=durable)
 
-    def write_record(self, record: Record) -> None:
-        _write_durably(self.record_path(record.id), asdict(record))
+    def write_record(self, record: Record, *, durable: bool = True) -> None:
+        _write_record(self.record_path(record.id), asdict(record), durable=durable)
 
     def done(self, record_id: str) -> None:
         """The upload of this record is in GCS: drop the record (the data file stays while
@@ -253,6 +266,16 @@ class Journal:
                 result.uploaded.append(record.object)
             elif outcome == "already":
                 result.already_there.append(record.object)
+            elif outcome == "short":
+                kept = await run(self.keep_conflict, record)
+                result.conflicts.append(kept)
+                log.error(
+                    "write-back: gs://%s was closed but not fsync'd when the machine went "
+                    "down, and its data did not all reach the disk; what did is kept in %s, "
+                    "not uploaded",
+                    record.object,
+                    kept,
+                )
             else:
                 kept = await run(self.keep_conflict, record)
                 result.conflicts.append(kept)
@@ -270,6 +293,8 @@ class Journal:
         self, bucket: Bucket, run: Callable[..., Awaitable[object]], record: Record
     ) -> str:
         data = self.data_path(record.id)
+        if record.size >= 0 and (await run(os.stat, data)).st_size != record.size:  # type: ignore[attr-defined]
+            return "short"
         current: ObjectInfo | None
         try:
             current = await bucket.stat(record.object)

@@ -54,6 +54,7 @@ class Staged:
         self.version = 0
         self.uploaded_version = -1 if base_generation == 0 else 0
         self.committed_version: int | None = None  # None: no journal record yet
+        self.durable_version: int | None = None  # committed with fsync (survives a reboot)
         self.clobbered = False
         self.record_id = record_id
         # errno of a local write that failed (ENOSPC...): the file no longer holds what the
