@@ -25,6 +25,6 @@ Layout (each module's docstring says why it is the way it is):
 
 To grow it: a new system is one `systems.System` subclass added to
 ``SYSTEMS``; a new workload is one `workloads.Workload` subclass (its metrics,
-a ``run(cell)``) added to ``WORKLOADS``; sizes for both modes are fields of
+a ``run(cell)``) added to ``catalog.WORKLOADS``; sizes for both modes are fields of
 `env.Sizes`. The report picks them up by themselves.
 """

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from benchmarks import report
+from benchmarks.catalog import WORKLOADS
 from benchmarks.env import FULL, PROFILES, QUICK, Env, Sizes
 from benchmarks.runner import Runner
 from benchmarks.systems import DEFAULT_SYSTEMS, SYSTEMS
-from benchmarks.workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

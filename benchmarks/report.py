@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.catalog import WORKLOADS
 from benchmarks.runner import Record, Runner
-from benchmarks.workloads import WORKLOADS, Metric
+from benchmarks.workloads import Metric
 
 TIERFS_VARIANTS = ("tierfs", "tierfs-ckpt")
 LIMITS = {"gcs": "gcs-direct", "local": "local"}

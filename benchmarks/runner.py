@@ -24,10 +24,11 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from benchmarks.catalog import WORKLOADS
 from benchmarks.data import WrongBytes
 from benchmarks.env import Env
 from benchmarks.systems import SYSTEMS, FuseSystem, System
-from benchmarks.workloads import RSS, WORKLOADS, Cell, Metric, Workload
+from benchmarks.workloads import RSS, Cell, Metric, Workload
 
 
 @dataclass

@@ -291,15 +291,45 @@ class TierfsStream64(Tierfs):
         return ["--write-block-size-mb=64"]
 
 
+SAVES = ("bigwrite", "ckpt", "create", "orbax", "dcp")
+
+
 class TierfsWriteBack(Tierfs):
-    """Write-back: close() once the file is durable in the local journal (the cache dir)."""
+    """Write-back: close() once the file is durable in the local journal (the cache dir);
+    the kernel writes new files straight into it (FUSE passthrough)."""
 
     name = "tierfs-wb"
     description = "tierfs, --write-back --cache-dir"
-    only = ("bigwrite",)
+    only = SAVES
 
     def options(self, cache_dir: Path) -> list[str]:
         return ["--write-back", f"--cache-dir={cache_dir}"]
+
+
+class TierfsWriteBackDaemon(TierfsWriteBack):
+    """Write-back with every write through the daemon: where passthrough is missing."""
+
+    name = "tierfs-wb-daemon"
+    description = "tierfs, --write-back --cache-dir --write-passthrough=false"
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return [*super().options(cache_dir), "--write-passthrough=false"]
+
+
+class TierfsWriteBackTmpfs(TierfsWriteBack):
+    """Write-back into a journal on tmpfs (the RAM tier of multi-tier checkpointing): it
+    survives a daemon crash, not a reboot. No SSD tier."""
+
+    name = "tierfs-wb-tmpfs"
+    description = "tierfs, --write-back --temp-dir on tmpfs"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return None if Path("/dev/shm").is_dir() else "no /dev/shm"
+
+    def options(self, cache_dir: Path) -> list[str]:
+        assert self.env.shm_root is not None
+        return ["--write-back", f"--temp-dir={self.env.shm_root / ('wb-' + cache_dir.name)}"]
 
 
 class TierfsListCache(Tierfs):
@@ -456,6 +486,8 @@ SYSTEMS: dict[str, type[System]] = {
         TierfsStaged,
         TierfsStream64,
         TierfsWriteBack,
+        TierfsWriteBackDaemon,
+        TierfsWriteBackTmpfs,
         Rclone,
         GcsDirect,
         LocalDir,
@@ -471,6 +503,8 @@ DEFAULT_SYSTEMS = (
     "tierfs-staged",
     "tierfs-stream64",
     "tierfs-wb",
+    "tierfs-wb-daemon",
+    "tierfs-wb-tmpfs",
     "rclone",
     "gcs-direct",
     "local",

@@ -1,6 +1,7 @@
 """The workloads: a registry, one small class per workload, each with its metrics.
 
-A new workload is one class here and one line in `WORKLOADS`. It declares
+A new workload is one class here (or in `benchmarks.saves`) and one line in
+`benchmarks.catalog.WORKLOADS`. It declares
 the metrics it reports (`Metric`: a label, a unit, which way is better, and
 which limit the tierfs ratio is taken against) and implements ``run(cell)``,
 driving the cell's system through paths (``cell.system.kind`` "fuse" or
@@ -439,7 +440,7 @@ def _walk(root: Path, deadline: float) -> tuple[dict[str, int], int, bool]:
 
 
 class Metadata(Workload):
-    """stat and ``ls -lR`` over the metadata tree (cold, warm), then creating small files."""
+    """stat and ``ls -lR`` over the metadata tree, cold and warm (creates: `saves.Create`)."""
 
     name = "meta"
     title = "metadata"
@@ -448,8 +449,6 @@ class Metadata(Workload):
         Metric("meta.stat_warm", "stat, warm", "stat/s", limit="local"),
         Metric("meta.ls_cold", "ls -lR, cold", "entries/s"),
         Metric("meta.ls_warm", "ls -lR, warm", "entries/s", limit="local"),
-        Metric("meta.create", "create small files, until close()", "files/s", limit="local"),
-        Metric("meta.create_durable", "create small files, until durable", "files/s"),
     )
 
     def run(self, cell: Cell) -> None:
@@ -462,14 +461,6 @@ class Metadata(Workload):
         names = sorted(cell.env.meta_files)
         random.Random(3).shuffle(names)
         return names, len(names) + len(cell.env.meta_dirs)
-
-    def _small_files(self, cell: Cell) -> dict[str, memoryview]:
-        assert cell.env.pool is not None
-        size = cell.sizes.create_file_bytes
-        return {
-            f"c/small-{i:05d}": cell.env.pool.slice(i * 7777, size)
-            for i in range(cell.sizes.create_files)
-        }
 
     def _paths(self, cell: Cell) -> None:
         env, sizes, system = cell.env, cell.sizes, cell.system
@@ -518,27 +509,6 @@ class Metadata(Workload):
                     if env.meta_files.get(name) != size:
                         raise WrongBytes(f"ls -lR: {name} size {size}")
             cell.record(key, entries / elapsed, note, entries=entries, seconds=elapsed)
-        bucket = cell.scratch_bucket()
-        root = system.mount(bucket)
-        assert root is not None
-        files_to_create = self._small_files(cell)
-        (root / "c").mkdir()
-        paths = [root / name for name in files_to_create]
-        start = time.monotonic()
-        for path, data in zip(paths, files_to_create.values(), strict=True):
-            write_file(path, data, sizes.io_block_bytes)
-        closed = time.monotonic() - start
-        if system.kind == "local":
-            wait_local_durable(paths)
-            for path, data in zip(paths, files_to_create.values(), strict=True):
-                check(str(path), path.read_bytes(), data)
-        else:
-            expected = {n: crc32c_b64(d) for n, d in files_to_create.items()}
-            cell.wait_durable(bucket, expected, "c/")
-        durable = time.monotonic() - start
-        n = len(paths)
-        cell.record("meta.create", n / closed, seconds=closed)
-        cell.record("meta.create_durable", n / durable, seconds=durable)
 
     def _direct(self, cell: Cell) -> None:
         env, sizes = cell.env, cell.sizes
@@ -579,14 +549,6 @@ class Metadata(Workload):
             entries = len(files) + len(env.meta_dirs)
             note = "parallel listings per prefix" + (", no cache" if key == "meta.ls_warm" else "")
             cell.record(key, entries / elapsed, note, entries=entries, seconds=elapsed)
-        bucket = cell.scratch_bucket()
-        small = self._small_files(cell)
-        start = time.monotonic()
-        direct.upload_many(bucket, list(small.items()))
-        elapsed = time.monotonic() - start
-        cell.wait_durable(bucket, {n: crc32c_b64(d) for n, d in small.items()}, "c/")
-        cell.record("meta.create", len(small) / elapsed, "parallel uploads", seconds=elapsed)
-        cell.record("meta.create_durable", len(small) / elapsed, seconds=elapsed)
 
 
 # -- 7. checkpoint ---------------------------------------------------------------------------
@@ -737,9 +699,5 @@ class BigWrite(Workload):
         if system.peak_rss_kib is not None:
             cell.record("bigwrite.rss", system.peak_rss_kib / 1024, f"{mib:.0f} MiB file")
 
-
-WORKLOADS: dict[str, type[Workload]] = {
-    cls.name: cls for cls in (SeqWrite, SeqRead, RandRead, Metadata, Checkpoint, BigWrite)
-}
 
 RSS = Metric("rss", "daemon peak RSS (VmHWM)", "MiB", higher_is_better=False, limit=None)
