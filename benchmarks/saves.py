@@ -1,0 +1,196 @@
+"""Checkpoint saves as the libraries make them: small-file creates, an Orbax-shaped step
+committed by a directory rename, and a torch.distributed.checkpoint-shaped one.
+
+Each reports the time until the last call returns (what training waits for), the time
+until every final name is durable (in GCS, or fsync'd with its directory on local disk),
+and so the ratio to local disk that the README quotes. The direct client uploads the
+final names (no tmp name to rename): the backend's floor for "durable".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from pathlib import Path
+
+from benchmarks.data import WrongBytes, check, crc32c_b64
+from benchmarks.workloads import Cell, Metric, Workload, fsync_dir, wait_local_durable, write_file
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+class Create(Workload):
+    """Small files created one after another (the many tiny files of a sharded save)."""
+
+    name = "create"
+    title = "small-file creates"
+    metrics = (
+        Metric("meta.create", "create small files, until close()", "files/s", limit="local"),
+        Metric("meta.create_durable", "create small files, until durable", "files/s"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        sizes, system = cell.sizes, cell.system
+        assert cell.env.pool is not None
+        files = {
+            f"c/small-{i:05d}": cell.env.pool.slice(i * 7777, sizes.create_file_bytes)
+            for i in range(sizes.create_files)
+        }
+        bucket = cell.scratch_bucket()
+        expected = {n: crc32c_b64(d) for n, d in files.items()}
+        if system.kind == "direct":
+            start = time.monotonic()
+            cell.direct.upload_many(bucket, list(files.items()))
+            elapsed = time.monotonic() - start
+            cell.wait_durable(bucket, expected, "c/")
+            cell.record("meta.create", len(files) / elapsed, "parallel uploads", seconds=elapsed)
+            cell.record("meta.create_durable", len(files) / elapsed, seconds=elapsed)
+            return
+        root = system.mount(bucket)
+        assert root is not None
+        (root / "c").mkdir()
+        paths = [root / name for name in files]
+        start = time.monotonic()
+        for path, data in zip(paths, files.values(), strict=True):
+            write_file(path, data, sizes.io_block_bytes)
+        closed = time.monotonic() - start
+        if system.kind == "local":
+            wait_local_durable(paths)
+            for path, data in zip(paths, files.values(), strict=True):
+                check(str(path), path.read_bytes(), data)
+        else:
+            cell.wait_durable(bucket, expected, "c/")
+        durable = time.monotonic() - start
+        cell.record("meta.create", len(paths) / closed, seconds=closed)
+        cell.record("meta.create_durable", len(paths) / durable, seconds=durable)
+
+
+class _RenamedSave(Workload):
+    """A save written under a tmp name by parallel writers, then committed by a rename."""
+
+    fsync_each = False
+
+    def layout(self, cell: Cell) -> dict[str, int]:
+        """Relative final names -> sizes."""
+        raise NotImplementedError
+
+    def commit(self, root: Path) -> None:
+        """Make the save final: a rename (plus whatever the library writes last)."""
+        raise NotImplementedError
+
+    def tmp_name(self, name: str) -> str:
+        raise NotImplementedError
+
+    def run(self, cell: Cell) -> None:
+        env, sizes, system = cell.env, cell.sizes, cell.system
+        assert env.pool is not None
+        layout = self.layout(cell)
+        offsets = 0
+        data = {}
+        for name, size in layout.items():
+            data[name] = env.pool.slice(offsets % max(1, env.pool.size - size), size)
+            offsets += 4099 * 7
+        total = sum(layout.values())
+        expected = {n: crc32c_b64(d) for n, d in data.items()}
+        prefix = next(iter(layout)).split("/", 1)[0] + "/"
+        bucket = cell.scratch_bucket()
+        label = f"{len(layout)} files, {total / MiB:.0f} MiB"
+        if system.kind == "direct":
+            start = time.monotonic()
+            cell.direct.upload_many(bucket, list(data.items()))
+            elapsed = time.monotonic() - start
+            cell.wait_durable(bucket, expected, prefix)
+            cell.record(f"{self.name}.save", elapsed, f"{label}, final names uploaded")
+            cell.record(f"{self.name}.durable", elapsed)
+            return
+        root = system.mount(bucket)
+        assert root is not None
+        tmp_paths = {name: root / self.tmp_name(name) for name in layout}
+        start = time.monotonic()
+        for directory in sorted({p.parent for p in tmp_paths.values()}):
+            directory.mkdir(parents=True, exist_ok=True)
+        block = sizes.io_block_bytes
+
+        def write(name: str) -> None:
+            write_file(tmp_paths[name], data[name], block, fsync=self.fsync_each)
+
+        with concurrent.futures.ThreadPoolExecutor(sizes.ckpt_writers) as pool:
+            list(pool.map(write, sorted(layout, key=lambda n: -layout[n])))
+        self.commit(root)
+        saved = time.monotonic() - start
+        final = [root / name for name in layout]
+        if system.kind == "local":
+            wait_local_durable(final)
+            fsync_dir(root)
+        else:
+            cell.wait_durable(bucket, expected, prefix)
+        durable = time.monotonic() - start
+        for name in list(layout)[:: max(1, len(layout) // 16)]:  # spot-check the final names
+            got = (root / name).read_bytes()
+            if len(got) != layout[name]:
+                raise WrongBytes(f"{name}: {len(got)} bytes after the rename, not {layout[name]}")
+            check(f"{system.name}:{name}", got, data[name])
+        cell.record(f"{self.name}.save", saved, label, seconds=saved)
+        cell.record(f"{self.name}.durable", durable, seconds=durable)
+
+
+class OrbaxSave(_RenamedSave):
+    """Orbax: every array a directory of small chunk files (zarr/OCDBT), a few large ones,
+    all under ``step_100.orbax-checkpoint-tmp-0``, which is renamed to ``step_100``."""
+
+    name = "orbax"
+    title = "Orbax-shaped save + directory rename"
+    metrics = (
+        Metric("orbax.save", "Orbax step: until the rename returns", "s", False, limit=None),
+        Metric("orbax.durable", "Orbax step: until durable", "s", False, limit=None),
+    )
+    TMP = "step_100.orbax-checkpoint-tmp-0"
+
+    def layout(self, cell: Cell) -> dict[str, int]:
+        small = max(10, cell.sizes.create_files * 2)  # 2,000 in the full run
+        per_param = 20
+        files = {}
+        for i in range(small):
+            layer, rest = divmod(i, 2 * per_param)
+            param, chunk = divmod(rest, per_param)
+            files[f"step_100/params/layer_{layer:03d}/{('kernel', 'bias')[param]}/{chunk}.0"] = (
+                16 * KiB + (i % 7) * 1024
+            )
+        big = cell.sizes.ckpt_shard_bytes
+        for i in range(4):
+            files[f"step_100/opt_state/shard_{i}.bin"] = big
+        files["step_100/_METADATA"] = 2 * KiB
+        return files
+
+    def tmp_name(self, name: str) -> str:
+        return self.TMP + name[len("step_100") :]
+
+    def commit(self, root: Path) -> None:
+        os.rename(root / self.TMP, root / "step_100")
+
+
+class DcpSave(_RenamedSave):
+    """torch.distributed.checkpoint: one file per rank, each fsync'd, then ``.metadata``
+    written under a tmp name, fsync'd, and renamed (its commit)."""
+
+    name = "dcp"
+    title = "DCP-shaped save (fsync per file)"
+    metrics = (
+        Metric("dcp.save", "DCP save: until the rename returns", "s", False, limit=None),
+        Metric("dcp.durable", "DCP save: until durable", "s", False, limit=None),
+    )
+    fsync_each = True
+
+    def layout(self, cell: Cell) -> dict[str, int]:
+        shards = cell.sizes.ckpt_shards
+        files = {f"dcp/__{i}_0.distcp": cell.sizes.ckpt_shard_bytes // 2 for i in range(shards)}
+        files["dcp/.metadata"] = 64 * KiB
+        return files
+
+    def tmp_name(self, name: str) -> str:
+        return name + ".tmp" if name.endswith(".metadata") else name
+
+    def commit(self, root: Path) -> None:
+        os.rename(root / "dcp" / ".metadata.tmp", root / "dcp" / ".metadata")
