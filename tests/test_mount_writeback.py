@@ -109,7 +109,8 @@ def test_sync_of_a_directory_uploads_what_is_below_it(
     assert (result.returncode, result.stderr) == (0, "")
     uploaded = {k: v for k, v in objects(gcs_client, bucket_name).items() if not k.endswith("/")}
     assert uploaded == {"step_1/shard": b"step_1"}
-    assert stats(mount)["writeback"]["pending"] == 1
+    assert "step_1/" in objects(gcs_client, bucket_name)  # its placeholder went up with it
+    assert stats(mount)["writeback"]["pending"] == 2  # step_10/ (a placeholder) and its shard
 
 
 def test_fsync_to_gcs_waits_for_gcs(
@@ -144,7 +145,7 @@ def test_kill_9_before_upload_then_remount_uploads_every_closed_file(
     kill_daemon(mount)
     with contextlib.suppress(OSError):
         unfinished.close()
-    assert set(objects(gcs_client, bucket_name)) == {"step_1/"}  # only the mkdir reached GCS
+    assert objects(gcs_client, bucket_name) == {}  # even the mkdir is a journal record
     again = mount_factory("--write-back", cache, name="mnt")
     assert objects(gcs_client, bucket_name) == {"step_1/": b"", **closed}
     assert (again.path / "model.pt").read_bytes() == closed["model.pt"]
@@ -461,3 +462,32 @@ def test_creates_in_a_directory_this_mount_made_ask_gcs_nothing(
     names = set(objects(gcs_client, bucket_name))
     assert {"step_1/shard_00", "step_1/shard_39", "step_1/sub/x"} <= names
     assert "step_1/shard_0" not in names
+
+
+def test_mkdir_rmdir_and_rename_of_new_directories_ask_gcs_nothing(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """With write-back a placeholder is a journal record uploaded with the files: mkdir -p,
+    rmdir and a rename of directories this mount made cost no GCS request, and the bucket
+    ends with the final names only."""
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    mount = mount_factory("--write-back", HOLD, cache)
+    (mount.path / "top").mkdir()
+    before = stats(mount)["gcs"]["requests"]
+    (mount.path / "top" / "tmp" / "b" / "gone").mkdir(parents=True)
+    (mount.path / "top" / "tmp" / "b" / "gone").rmdir()
+    (mount.path / "top" / "tmp" / "b" / "f").write_bytes(b"f")
+    os.rename(mount.path / "top" / "tmp", mount.path / "top" / "final")
+    # One listing: the rename asks what of the tree is in GCS already (nothing).
+    assert stats(mount)["gcs"]["requests"] - before <= 1
+    assert sorted(os.listdir(mount.path / "top" / "final" / "b")) == ["f"]
+    assert objects(gcs_client, bucket_name) == {}
+    kill_daemon(mount)  # the placeholders and the file are journal records only
+    again = mount_factory("--write-back", cache, name="mnt")
+    assert objects(gcs_client, bucket_name) == {
+        "top/": b"",
+        "top/final/": b"",
+        "top/final/b/": b"",
+        "top/final/b/f": b"f",
+    }
+    assert (again.path / "top" / "final" / "b" / "f").read_bytes() == b"f"

@@ -517,6 +517,8 @@ class Filesystem:
 
     async def mkdir(self, parent_ino: int, name: str) -> Inode:
         path = self._new_path(parent_ino, name)
+        if self.journal is not None:
+            return await self._mkdir_local(path)
         try:
             info = await self.bucket.write_bytes(
                 self.names.dir_object(path), b"", if_generation_match=0
@@ -529,10 +531,25 @@ class Filesystem:
             Kind.DIR, path, mtime_ns=parse_mtime(info.metadata, info.updated_s), placeholder=True
         )
         self.inodes.remember(inode)
-        if self.journal is not None:
-            self.owned.made(path)
-        else:
-            self.owned.added(path)
+        self.owned.added(path)
+        return inode
+
+    async def _mkdir_local(self, path: str) -> Inode:
+        """mkdir with write-back: no GCS request. The kernel has just looked the name up;
+        the placeholder object is a journal record of an empty file, uploaded with the
+        files (and moved with the directory if it is renamed first)."""
+        self.uploads.busy()
+        current = self.inodes.current(path)
+        if current is not None and not current.unlinked:
+            raise AlreadyExists(path)
+        inode = self.inodes.make(Kind.DIR, path, mtime_ns=self.clock_ns(), placeholder=True)
+        with self._staging():
+            inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+        self.names.forget(path)  # a negative entry, and the parent's kept listing
+        self.owned.made(path)
+        self.inodes.remember(inode)
+        await self._commit(inode)
+        self._queue_if_closed(inode)
         return inode
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
@@ -542,13 +559,21 @@ class Filesystem:
         if any(child.local_only for child in self.inodes.below(path)):
             raise NotEmpty(path)
         placeholder = self.names.dir_object(path)
-        listing = await self.bucket.list(placeholder, delimiter=None, max_results=2)
-        if any(info.name != placeholder for info in listing.objects):
-            raise NotEmpty(path)
-        try:
-            await self.bucket.delete(placeholder)
-        except NotFound:
-            pass  # an implicit directory: nothing to delete
+        owned = self.owned.children(path)
+        if owned is not None:  # made here: its own table says whether it is empty
+            if owned:
+                raise NotEmpty(path)
+        else:
+            listing = await self.bucket.list(placeholder, delimiter=None, max_results=2)
+            if any(info.name != placeholder for info in listing.objects):
+                raise NotEmpty(path)
+        async with self._lock(inode):  # (its placeholder may be uploading)
+            self._drop_staged(inode)
+            if owned is None or inode.generation:
+                try:
+                    await self.bucket.delete(placeholder)
+                except NotFound:
+                    pass  # an implicit directory: nothing to delete
         self._removed(path)
         self.owned.removed(path, is_dir=True)
         self.inodes.detach(inode)
@@ -813,7 +838,13 @@ class Filesystem:
             raise PreconditionFailed(inode.path)
         if staged.write_error:
             self._abandon(inode)
-        await self._upload(inode, self.names.file_object(inode.path))
+        await self._upload(inode, self._object_of(inode))
+
+    def _object_of(self, inode: Inode) -> str:
+        """The object an inode's staged file becomes: a directory's is its placeholder."""
+        if inode.kind is Kind.DIR:
+            return self.names.dir_object(inode.path)
+        return self.names.file_object(inode.path)
 
     def _abandon(self, inode: Inode) -> None:
         """A local write failed (ENOSPC...): drop the changes rather than upload a file that
@@ -877,7 +908,7 @@ class Filesystem:
     def _record(self, inode: Inode) -> Record:
         staged = inode.staged
         assert staged is not None and staged.record_id is not None
-        object_name = self.names.file_object(inode.path)
+        object_name = self._object_of(inode)
         return Record(
             staged.record_id,
             object_name,
@@ -926,6 +957,8 @@ class Filesystem:
         return True
 
     def _upload_metadata(self, inode: Inode) -> dict[str, str]:
+        if inode.kind is Kind.DIR:
+            return {}  # a placeholder, as mkdir writes it
         metadata = dict(inode.metadata)
         metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
         return metadata
@@ -936,6 +969,11 @@ class Filesystem:
         try:
             info = await self._send(inode, staged, object_name)
         except PreconditionFailed:
+            if inode.kind is Kind.DIR:  # another client made this directory too: it exists
+                info = await self.bucket.stat(object_name)
+                staged.uploaded_version = staged.version
+                await self._uploaded_placeholder(inode, staged, info)
+                return
             staged.clobbered = True
             self.names.forget(inode.path)
             if staged.committed_version is not None:
@@ -945,13 +983,11 @@ class Filesystem:
                 with contextlib.suppress(FileNotFoundError):
                     await trio.to_thread.run_sync(self.journal.keep_conflict, self._record(inode))
             raise
+        if inode.kind is Kind.DIR:
+            await self._uploaded_placeholder(inode, staged, info)
+            return
         self.names.learned(inode.path, Found(False, info))
-        self._failed.pop(inode.ino, None)
-        if staged.committed_version is not None:
-            assert self.journal is not None and staged.record_id is not None
-            if staged.uploaded_version >= staged.committed_version:
-                await trio.to_thread.run_sync(self.journal.done, staged.record_id)
-            self.writeback_counts["uploaded"] += 1
+        await self._uploaded(inode, staged)
         if self.spawn is not None and self.settings.file_cache:
             self._cache_upload(staged, object_name, info)
         inode.generation = info.generation
@@ -959,6 +995,21 @@ class Filesystem:
         inode.size = info.size
         inode.metadata = dict(info.metadata)
         inode.crc32c = info.crc32c
+
+    async def _uploaded(self, inode: Inode, staged: Staged) -> None:
+        """An upload of a staged file succeeded: its journal record is done."""
+        self._failed.pop(inode.ino, None)
+        if staged.committed_version is not None:
+            assert self.journal is not None and staged.record_id is not None
+            if staged.uploaded_version >= staged.committed_version:
+                await trio.to_thread.run_sync(self.journal.done, staged.record_id)
+            self.writeback_counts["uploaded"] += 1
+
+    async def _uploaded_placeholder(self, inode: Inode, staged: Staged, info: ObjectInfo) -> None:
+        self.names.learned(inode.path, Found(True, info, placeholder=True))
+        await self._uploaded(inode, staged)
+        inode.generation = info.generation
+        inode.metageneration = info.metageneration
 
     def _cache_upload(self, staged: Staged, object_name: str, info: ObjectInfo) -> None:
         """Keep what was just uploaded in the SSD tier too (in the background, from a dup of
@@ -1155,6 +1206,7 @@ class Filesystem:
         self, old_parent: int, old_name: str, new_parent: int, new_name: str, flags: int = 0
     ) -> None:
         self._writable()
+        self.uploads.busy()  # a rename is part of a save: files it moves had better wait
         if flags & RENAME_EXCHANGE:
             raise Unsupported("RENAME_EXCHANGE", errno.EINVAL)
         check_new_name(new_name)
@@ -1243,10 +1295,14 @@ class Filesystem:
             # go to the new names); holding their locks keeps a background upload from
             # starting under the old name meanwhile. Others are uploaded, then copied.
             local: list[Inode] = []
+            if source.staged is not None:  # its own placeholder is still a journal record
+                await _hold(held, source.lock)
+                if source.local_only:
+                    local.append(source)
             for inode in sorted(self.inodes.below(source.path), key=lambda i: i.ino):
                 if inode.staged is None or inode.unlinked:
                     continue
-                await held.enter_async_context(self._lock(inode))
+                await _hold(held, inode.lock)
                 if inode.staged is None or inode.unlinked:
                     continue  # uploaded and let go while we waited for its lock
                 if inode.local_only:
@@ -1266,11 +1322,25 @@ class Filesystem:
                 await trio.to_thread.run_sync(moves.end, move)
 
     async def _rename_records(self, inodes: list[Inode]) -> None:
-        """Point the journal records of moved write-back files at their new names."""
-        for inode in inodes:
-            staged = inode.staged
-            if self.journal is not None and staged is not None and staged.committed:
-                await trio.to_thread.run_sync(self.journal.write_record, self._record(inode))
+        """Point the journal records of moved write-back files at their new names: in one
+        thread, without fsync (a record that a machine crash takes back to its old name
+        is moved by the directory's journaled rename, which the next mount finishes after
+        the uploads; a file's own rename: see `_rename_file`)."""
+        journal = self.journal
+        if journal is None:
+            return
+        records = [
+            self._record(inode)
+            for inode in inodes
+            if inode.staged is not None and inode.staged.committed
+        ]
+
+        def rewrite() -> None:
+            for record in records:
+                journal.write_record(record, durable=len(records) == 1)
+
+        if records:
+            await trio.to_thread.run_sync(rewrite)
 
     async def _rename_dir_objects(self, source: Inode, new_path: str) -> None:
         old_prefix = self.names.dir_object(source.path)
@@ -1282,8 +1352,9 @@ class Filesystem:
                 f"{source.path}: {len(descendants)} objects > rename-dir-limit "
                 f"{self.settings.rename_dir_limit}"
             )
-        if not any(o.name == old_prefix for o in objects):
+        if not source.local_only and not any(o.name == old_prefix for o in objects):
             # An implicit directory: give the new one a placeholder so it exists either way.
+            # (A directory made here has one coming: its journal record moves with it.)
             await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
         copies = await move_objects(self.bucket, objects, old_prefix, new_prefix)
         self._removed(source.path)
@@ -1427,3 +1498,14 @@ class Filesystem:
     @staticmethod
     def _lock(inode: Inode) -> trio.Lock:
         return inode.lock
+
+
+async def _hold(held: contextlib.AsyncExitStack, lock: trio.Lock) -> None:
+    """Take ``lock`` until ``held`` closes. A free lock is taken without a checkpoint: a
+    rename holding the locks of thousands of files would otherwise let the uploader start
+    on the ones it has not reached yet, which it would then have to copy."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+    held.callback(lock.release)

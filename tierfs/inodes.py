@@ -79,8 +79,13 @@ class Inode:
 
     @property
     def local_only(self) -> bool:
-        """Created here and not uploaded yet: GCS does not know it."""
-        return self.kind is Kind.FILE and self.generation == 0 and not self.unlinked
+        """Created here and not uploaded yet: GCS does not know it (a file, or a directory
+        whose placeholder is still a write-back journal record)."""
+        return (
+            self.generation == 0
+            and not self.unlinked
+            and (self.kind is Kind.FILE or (self.kind is Kind.DIR and self.staged is not None))
+        )
 
     @property
     def busy(self) -> bool:

@@ -68,6 +68,10 @@ class OwnedDirs:
     def owns(self, path: str) -> bool:
         return path in self._children
 
+    def children(self, path: str) -> set[str] | None:
+        """The names made in an owned directory (None: not owned)."""
+        return self._children.get(path)
+
     def _below(self, path: str) -> list[str]:
         """Owned directories at or below ``path`` (a scan: directories only, bounded)."""
         return [k for k in self._children if k == path or k.startswith(path + "/")]
