@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from benchmarks.data import WrongBytes, check, crc32c_b64
-from benchmarks.workloads import Cell, Metric, Workload, fsync_dir, wait_local_durable, write_file
+from benchmarks.workloads import (
+    Cell,
+    Metric,
+    Workload,
+    fsync_dir,
+    wait_local_durable,
+    write_file,
+    write_files,
+)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -50,11 +58,8 @@ class Create(Workload):
             return
         root = system.mount(bucket)
         assert root is not None
-        (root / "c").mkdir()
-        paths = [root / name for name in files]
         start = time.monotonic()
-        for path, data in zip(paths, files.values(), strict=True):
-            write_file(path, data, sizes.io_block_bytes)
+        paths = write_files(root, "c", files, sizes.io_block_bytes)
         closed = time.monotonic() - start
         if system.kind == "local":
             wait_local_durable(paths)

@@ -114,6 +114,16 @@ def write_file(path: Path, data: memoryview, block: int, *, fsync: bool = False)
         os.close(fd)
 
 
+def write_files(root: Path, directory: str, files: dict[str, memoryview], block: int) -> list[Path]:
+    """mkdir ``root/directory``, then write each file (names relative to ``root``) in turn;
+    their paths."""
+    (root / directory).mkdir()
+    paths = [root / name for name in files]
+    for path, data in zip(paths, files.values(), strict=True):
+        write_file(path, data, block)
+    return paths
+
+
 def read_file_into(path: Path, view: memoryview, block: int) -> int:
     """Read the whole file into ``view`` in ``block``-sized reads; bytes read."""
     got = 0
@@ -195,11 +205,8 @@ class SeqWrite(Workload):
             return
         root = system.mount(bucket)
         assert root is not None
-        (root / "w").mkdir()
-        paths = [root / name for name in files]
         start = time.monotonic()
-        for path, data in zip(paths, files.values(), strict=True):
-            write_file(path, data, sizes.io_block_bytes)
+        paths = write_files(root, "w", files, sizes.io_block_bytes)
         closed = time.monotonic() - start
         if system.kind == "local":
             wait_local_durable(paths)
