@@ -491,3 +491,27 @@ def test_mkdir_rmdir_and_rename_of_new_directories_ask_gcs_nothing(
         "top/final/b/f": b"f",
     }
     assert (again.path / "top" / "final" / "b" / "f").read_bytes() == b"f"
+
+
+def test_a_save_of_more_files_than_the_usual_open_file_limit(
+    emulator: Emulator, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Started with the soft limit many systems give (1,024 open files; here 256, hard
+    limit higher), a write-back save of 600 files held for upload still creates every one:
+    the daemon raises its soft limit to the hard one."""
+    mount = Mount(emulator, bucket_name, tmp_path / "mnt", tmp_path / "mnt.log",
+                  ["--write-back", HOLD, f"--cache-dir={tmp_path / 'cache'}"])  # fmt: skip
+    command = ["prlimit", "--nofile=256:20000", "--", *mount.command()]
+    mount.path.mkdir()
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        mount.mounted = True
+        (mount.path / "step").mkdir()
+        for i in range(600):
+            (mount.path / "step" / f"f{i}").write_bytes(b"x")
+        assert stats(mount)["staging_errors"] == 0
+        assert tierfs_sync(mount).returncode == 0
+        assert len(list(gcs_client.list_blobs(bucket_name, prefix="step/"))) == 601
+    finally:
+        mount.cleanup()

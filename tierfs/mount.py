@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import resource
 import signal
 import tempfile
 from collections.abc import Callable
@@ -73,6 +74,23 @@ def fuse_options(config: Config) -> set[str]:
     return options
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; the new soft limit.
+
+    Each file written and not yet uploaded keeps its staged file open, so a write-back
+    save of a few thousand small files (an Orbax step) needs more than the soft limit
+    many systems start a process with (1,024): past it every create failed with EMFILE.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 async def serve(
     config: Config,
     ready: Callable[[str | None], None],
@@ -83,6 +101,7 @@ async def serve(
     ``ready(message)`` if it never will."""
     mountpoint = config.mountpoint
     owned: GcsBucket | None = None
+    log.debug("open files: up to %d", raise_open_file_limit())
     try:
         check_before_mount(mountpoint)
         for option, directory in local_directories(config):
