@@ -461,3 +461,29 @@ async def test_fsync_makes_a_closed_file_durable_too(make_fs: Callable[[], Files
     await fs.fsync(handle.fh)
     assert staged.durable_version == staged.version
     await fs.release(handle.fh)
+
+
+async def test_uploads_yield_while_a_file_is_open_for_writing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Writes through passthrough never reach the daemon: an open writable file is what
+    says a save is in progress."""
+    started: list[float] = []
+    writing = [True]
+
+    async def attempt(item: str) -> bool:
+        started.append(trio.current_time())
+        return True
+
+    uploader: Uploader[str] = Uploader(attempt, lambda item: False, writing=lambda: writing[0])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(uploader.run, 1, 5.0)
+        start = trio.current_time()
+        uploader.queue(1, "closed while another file is written")
+        await trio.sleep(2)
+        assert started == []
+        writing[0] = False  # the last writer closes
+        while not uploader.idle():
+            await trio.sleep(0.01)
+        assert 2 <= started[0] - start <= 2 + QUIET_S + 0.01  # within QUIET_S of the close
+        nursery.cancel_scope.cancel()

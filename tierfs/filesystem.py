@@ -222,7 +222,12 @@ class Filesystem:
     ) -> None:
         self.bucket = bucket
         self.journal = journal  # write-back on: close() commits here, uploads run later
-        self.uploads = Uploader(self._upload_in_background, self._committed_again)
+        # Files open for writing: a save in progress, which uploads yield to. (With
+        # passthrough its writes never reach the daemon, so request times cannot say.)
+        self._writers = 0
+        self.uploads = Uploader(
+            self._upload_in_background, self._committed_again, writing=lambda: self._writers > 0
+        )
         self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
@@ -644,6 +649,7 @@ class Filesystem:
         direct = bool(flags & getattr(os, "O_DIRECT", 0))
         handle = FileHandle(self.files.next_number(), inode, writable, direct_io=direct)
         inode.open_handles += 1
+        self._writers += writable
         return self.files.add(handle)
 
     async def read(self, fh: int, offset: int, length: int) -> bytes | memoryview:
@@ -795,6 +801,7 @@ class Filesystem:
         self.files.pop(handle.fh)
         inode = handle.inode
         inode.open_handles -= 1
+        self._writers -= handle.writable
         if handle.reader is not None:
             handle.reader.close()
         self._retire(inode)

@@ -10,11 +10,12 @@ uploaded, and it is where write-back's promises live:
   without holding a worker while it waits;
 - ``idle()`` says when nothing is queued, running or waiting for a retry, which is
   what ``tierfs sync`` and unmount wait for;
-- uploads yield to a save in progress: a worker starts an upload only once the
-  writers have been quiet for ``QUIET_S`` (`busy` marks them), or after it has
-  waited ``MAX_YIELD_S``. An upload is a few ms of CPU in the GCS client, and on
-  a 2-core machine uploads running beside a save of small files cut it from 640
-  to 170 files/s; the save, not the upload, is what training waits for.
+- uploads yield to a save in progress: a worker starts an upload only once no file
+  is open for writing (``writing()``) and the writers have been quiet for
+  ``QUIET_S`` (`busy` marks them), or after it has waited ``MAX_YIELD_S``. An
+  upload is a few ms of CPU in the GCS client, and on a 2-core machine uploads
+  running beside a save of small files cut it from 640 to 170 files/s; the
+  save, not the upload, is what training waits for.
 
 The filesystem gives it ``attempt(item) -> bool`` (False: try again later) and
 ``again(item) -> bool``.
@@ -40,9 +41,11 @@ class Uploader(Generic[T]):
         self,
         attempt: Callable[[T], Awaitable[bool]],
         again: Callable[[T], bool],
+        writing: Callable[[], bool] = lambda: False,
     ) -> None:
         self._attempt = attempt
         self._again = again
+        self._writing = writing
         self._send, self._receive = trio.open_memory_channel[tuple[int, T]](math.inf)
         self._queued: set[int] = set()  # waiting for a worker, or for a retry
         self._running = 0
@@ -57,8 +60,12 @@ class Uploader(Generic[T]):
         start = trio.current_time()
         while True:
             now = trio.current_time()
+            if now - start >= MAX_YIELD_S:
+                return
+            if self._writing():
+                self._last_busy = now
             quiet_until = self._last_busy + QUIET_S
-            if now >= quiet_until or now - start >= MAX_YIELD_S:
+            if now >= quiet_until:
                 return
             await trio.sleep(min(quiet_until, start + MAX_YIELD_S) - now)
 
