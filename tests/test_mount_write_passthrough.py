@@ -68,14 +68,13 @@ def test_a_checkpoint_shard_reaches_gcs_with_equal_bytes(
         assert numbers["passthrough"]["write_opens"] == 0
 
 
-@pytest.mark.parametrize(("args", "direct"), PATHS)
+@pytest.mark.parametrize("args", [p.values[0] for p in PATHS], ids=[p.id for p in PATHS])
 def test_append_truncate_mmap_and_a_second_open_while_written(
     mount_factory: MountFactory,
     gcs_client: storage.Client,
     bucket_name: str,
     tmp_path: Path,
     args: tuple[str, ...],
-    direct: bool,
 ) -> None:
     mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}", *args)
     path = mount.path / "state.bin"

@@ -1248,7 +1248,7 @@ class Filesystem:
                     await self._drop_target(target, new_path)
                 self.names.forget(new_path)
                 self.inodes.move(source, new_path)
-                await self._rename_records([source])
+                await self._rename_records([source], durable=True)
                 return
             staged = source.staged
             if staged is not None and staged.dirty:
@@ -1324,15 +1324,16 @@ class Filesystem:
                     moves.begin, self.names.dir_object(source.path), self.names.dir_object(new_path)
                 )
             await self._rename_dir_objects(source, new_path)
-            await self._rename_records(local)
+            await self._rename_records(local, durable=False)
             if moves is not None and move is not None:
                 await trio.to_thread.run_sync(moves.end, move)
 
-    async def _rename_records(self, inodes: list[Inode]) -> None:
-        """Point the journal records of moved write-back files at their new names: in one
-        thread, without fsync (a record that a machine crash takes back to its old name
-        is moved by the directory's journaled rename, which the next mount finishes after
-        the uploads; a file's own rename: see `_rename_file`)."""
+    async def _rename_records(self, inodes: list[Inode], *, durable: bool) -> None:
+        """Point the journal records of moved write-back files at their new names, in one
+        thread. A file's own rename is ``durable`` (nothing else would redo it after a
+        machine crash); a directory's is not: a record that a crash takes back to its old
+        name is moved by the directory's journaled rename, which the next mount finishes
+        after the uploads, and an fsync per file made renaming an Orbax step take seconds."""
         journal = self.journal
         if journal is None:
             return
@@ -1344,7 +1345,7 @@ class Filesystem:
 
         def rewrite() -> None:
             for record in records:
-                journal.write_record(record, durable=len(records) == 1)
+                journal.write_record(record, durable=durable)
 
         if records:
             await trio.to_thread.run_sync(rewrite)
