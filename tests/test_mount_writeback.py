@@ -306,13 +306,27 @@ def test_unmount_uploads_pending_files_and_keeps_them_in_the_ssd_tier(
     assert stats(again)["passthrough"]["opens"] == 1
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(["--write-back"], id="write-back"),
+        pytest.param([], id="streaming"),  # the default
+        pytest.param(["--enable-streaming-writes=false"], id="staged"),
+    ],
+)
 def test_a_forked_child_or_a_dup_closing_never_publishes_a_partial_file(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    mode: list[str],
 ) -> None:
     """DataLoader workers and subprocesses inherit the checkpoint's fd; their exit (and the
-    close of a dup'd fd) is a FLUSH. With write-back at the default delay, the upload waits
-    for the last release: while the parent still writes, the bucket stays empty."""
-    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    close of a dup'd fd) is a FLUSH. No such FLUSH publishes: while the parent still writes,
+    the bucket stays empty, and the object appears whole at the last close (write-back:
+    uploaded after the last release, here by tierfs sync)."""
+    mount = mount_factory(*mode, f"--cache-dir={tmp_path / 'cache'}")
+    write_back = "--write-back" in mode
     chunk = os.urandom(MiB)
     with open(mount.path / "ckpt.pt", "wb") as handle:
         handle.write(chunk * 8)
@@ -322,8 +336,12 @@ def test_a_forked_child_or_a_dup_closing_never_publishes_a_partial_file(
             os._exit(0)  # the child's exit closes its copy of the fd
         assert os.waitpid(pid, 0)[1] == 0
         os.close(os.dup(handle.fileno()))
-        committed = stats(mount)["writeback"]["committed"]
-        assert committed >= 1  # both flushes arrived (and committed locally)
+        if write_back:
+            assert stats(mount)["writeback"]["committed"] >= 1  # both flushes arrived
+        else:
+            # The child's, the dup's, and the exec of `tierfs stats` itself (an exec closes
+            # the fds marked close-on-exec, each a FLUSH: any subprocess started meanwhile).
+            assert stats(mount)["flushes_held"] == 3
         deadline = time.monotonic() + 1.0  # an upload at a flush starts within milliseconds
         written = 8
         while time.monotonic() < deadline:
@@ -333,9 +351,31 @@ def test_a_forked_child_or_a_dup_closing_never_publishes_a_partial_file(
                 handle.flush()
                 written += 1
             assert list(gcs_client.list_blobs(bucket_name)) == [], "a partial object appeared"
-    assert tierfs_sync(mount).returncode == 0
+    if write_back:
+        assert tierfs_sync(mount).returncode == 0
     assert objects(gcs_client, bucket_name) == {"ckpt.pt": chunk * written}
     assert stats(mount)["gcs"]["uploads"] == 1
+    assert mount.errors() == []
+
+
+def test_a_subprocess_that_outlives_the_writer_does_not_hold_the_upload_back(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """Without write-back, the writer's own close() uploads even while a child it started
+    still holds the fd (close() is where gcsfuse reports upload errors); the child's exit
+    later uploads nothing more."""
+    mount = mount_factory()
+    data = os.urandom(3 * MiB)
+    with open(mount.path / "out.bin", "wb") as handle:
+        handle.write(data)
+        child = subprocess.Popen(["sleep", "30"], pass_fds=[handle.fileno()])
+    try:
+        assert objects(gcs_client, bucket_name) == {"out.bin": data}  # at close()
+    finally:
+        child.kill()
+        child.wait()
+    assert stats(mount)["gcs"]["uploads"] == 1
+    assert stats(mount)["flushes_held"] == 1  # the child's exit, after the upload
 
 
 def orbax_tree(root: Path) -> dict[str, bytes]:

@@ -234,6 +234,7 @@ class Filesystem:
         self.owned = OwnedDirs()  # with write-back: directories made here, answered locally
         self.staging_errors = 0  # local files for writes that could not be made
         self.write_requests = 0  # WRITEs the daemon served (none for passthrough files)
+        self.flushes_held = 0  # FLUSHes that were not a last close, so uploaded nothing
         self.settings = settings
         self._file_mode = stat.S_IFREG | settings.file_mode
         self._dir_mode = stat.S_IFDIR | settings.dir_mode
@@ -743,7 +744,13 @@ class Filesystem:
                 await stream.abort()
         return await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
 
-    async def flush(self, fh: int) -> None:
+    async def flush(self, fh: int, *, last: bool = True) -> None:
+        """close() of one descriptor. One that is not the file's last close (``last``
+        False: a forked child's exit, a dup'd fd; see tierfs.closes) publishes nothing
+        without write-back, so no partial object appears: release uploads what is left."""
+        if not last and self.journal is None:
+            self.flushes_held += 1
+            return
         await self._persist(self.files[fh].inode)
 
     async def fsync(self, fh: int) -> None:
@@ -765,6 +772,10 @@ class Filesystem:
         self._release_backing(handle)  # first: a next open must see the kernel's state
         try:
             await self._persist(handle.inode)
+        except Exception as err:
+            # The kernel does not wait for RELEASE: nobody else will hear of this.
+            log.warning("%s: upload at the last close failed: %s", handle.inode.path, err)
+            raise
         finally:
             self._close_handle(handle)
         self._queue_if_closed(handle.inode)
@@ -1396,6 +1407,7 @@ class Filesystem:
             "open_files": len(self.files),
             "staging_errors": self.staging_errors,
             "write_requests": self.write_requests,
+            "flushes_held": self.flushes_held,
             "writeback": {
                 "enabled": self.journal is not None,
                 "pending": self.pending_uploads(),

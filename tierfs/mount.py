@@ -219,7 +219,7 @@ async def _serve_mounted(
                 len(recovered.conflicts),
             )
     fs = Filesystem(bucket, settings, blocks=blocks_for(config, bucket, chain), journal=journal)
-    operations = Operations(fs)
+    operations = Operations(fs, mountpoint)
     try:
         pyfuse3.init(operations, mountpoint, fuse_options(config))
     except RuntimeError as err:

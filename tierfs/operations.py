@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 
+from tierfs.closes import Closes, mount_id
 from tierfs.errors import NotFound, errno_of
 from tierfs.filesystem import NEVER_S, Attr, Filesystem
 from tierfs.handles import FileHandle
@@ -107,9 +108,14 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, fs: Filesystem) -> None:
+    # The patched pyfuse3 passes flush() the closer's context (tierfs.closes).
+    flush_takes_context = True
+
+    def __init__(self, fs: Filesystem, mountpoint: str | None = None) -> None:
         super().__init__()
         self.fs = fs
+        self.mountpoint = mountpoint
+        self.closes = Closes()
         fs.kernel_forget = self._kernel_forget
         self.kernel_lists = KERNEL_LIST_CACHE and fs.settings.list_ttl_s > 0
         # Asked for at INIT (pyfuse3 reads this attribute) only with an SSD tier to read, or
@@ -129,7 +135,10 @@ class Operations(pyfuse3.Operations):
             self.kernel_lists = False
 
     def init(self) -> None:
-        """After INIT: pyfuse3 tells whether the kernel agreed to passthrough."""
+        """After INIT (the mount exists): whether the kernel agreed to passthrough, and the
+        mount's id, to find our files among a closing process's descriptors."""
+        if self.mountpoint is not None:
+            self.closes.mnt_id = mount_id(self.mountpoint)
         if self.enable_passthrough and getattr(pyfuse3, "passthrough", False):
             self.fs.backings.files = KernelBackingFiles()
         elif self.enable_passthrough:
@@ -263,11 +272,14 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         handle, inode = await self.fs.create(parent_inode, decode_name(name), flags)
+        self.closes.opened(handle.fh, ctx.pid, inode.ino)
         return file_info(handle), entry(self.fs.attr(inode))
 
     @_handler
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        return file_info(await self.fs.open(inode, flags))
+        handle = await self.fs.open(inode, flags)
+        self.closes.opened(handle.fh, ctx.pid, inode)
+        return file_info(handle)
 
     @_handler
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -278,8 +290,11 @@ class Operations(pyfuse3.Operations):
         return await self.fs.write(fh, off, buf)
 
     @_handler
-    async def flush(self, fh: int) -> None:
-        await self.fs.flush(fh)
+    async def flush(self, fh: int, ctx: pyfuse3.RequestContext | None = None) -> None:
+        last = True
+        if ctx is not None and self.fs.journal is None:  # write-back waits for RELEASE
+            last = self.closes.is_last(fh, ctx.pid)
+        await self.fs.flush(fh, last=last)
 
     @_handler
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -287,6 +302,7 @@ class Operations(pyfuse3.Operations):
 
     @_handler
     async def release(self, fh: int) -> None:
+        self.closes.released(fh)
         await self.fs.release(fh)
 
     @_handler

@@ -13,6 +13,10 @@
 #   file of an object, so a restore after a remount reads at local-disk speed. The patch
 #   adds FileInfo.backing_id, pyfuse3.backing_open/backing_close (the two ioctls) and
 #   asks for FUSE_CAP_PASSTHROUGH at INIT when the file system sets enable_passthrough.
+# - flush() gets no request context, so a file system cannot tell the last close() of a
+#   file from a forked child's exit or the close of a dup'd fd (each is a FLUSH) and
+#   publishes a file still being written. With the patch, a file system that sets
+#   flush_takes_context gets flush(fh, ctx), the context holding the closer's pid.
 #
 # Why libfuse 3.17: the passthrough fields of the INIT and OPEN replies exist from
 # libfuse 3.16; Debian 12 ships 3.14. We build libfuse 3.17.2 from Debian 13's source
@@ -27,7 +31,7 @@ if [[ "$PY" == */* ]]; then  # a path: made absolute (the build runs elsewhere),
   PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 fi
 VERSION=3.5.0
-LOCAL=tierfs.2
+LOCAL=tierfs.3
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 FUSE_VERSION=3.17.2
 FUSE_URL=http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_$FUSE_VERSION.orig.tar.gz
