@@ -12,6 +12,7 @@ that answers what we tell it, credentials) and of `MemoryBucket`'s test hooks.
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
 import os
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import google_crc32c
 import pytest
 import trio
 from google.cloud import storage
@@ -126,6 +128,8 @@ async def test_write_file_round_trip(bucket: Bucket, tmp_path: Path) -> None:
             f"files/{name}", str(path), if_generation_match=0, content_type="text/x-test"
         )
         assert (info.size, info.content_type) == (size, "text/x-test")
+        crc = base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
+        assert info.crc32c == crc
         assert (await bucket.stat(f"files/{name}")).generation == info.generation
         assert await read_all(bucket, f"files/{name}", info.generation) == data
         middle = await bucket.read(f"files/{name}", generation=info.generation, offset=7, length=9)

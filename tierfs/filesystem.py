@@ -77,6 +77,12 @@ NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
 # Writes (FUSE sends at most 1 MiB each) queued per streaming file while its upload
 # sends a chunk: enough to keep the upload busy, small beside the chunk it buffers.
 STREAM_QUEUE_WRITES = 8
+# Write-back uploads of files over this size (the client's single-request limit; larger
+# ones are resumable, and it holds a chunk of each in memory) run at most LARGE_UPLOADS at
+# a time, so many uploaders serve small files without a save of big ones costing memory.
+LARGE_UPLOAD_BYTES = 8 << 20
+LARGE_UPLOADS = 4
+SYNC_UPLOADS = 16  # uploads at a time for `tierfs sync`, unmount and SIGTERM
 BLOCK_SIZE = 4096
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -228,6 +234,7 @@ class Filesystem:
         self.uploads = Uploader(
             self._upload_in_background, self._committed_again, writing=lambda: self._writers > 0
         )
+        self._large_uploads = trio.CapacityLimiter(LARGE_UPLOADS)
         self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
@@ -957,8 +964,11 @@ class Filesystem:
         """One queued upload; False when it should be tried again later."""
         if inode.open_handles:
             return True  # opened again while queued: its last release queues it again
+        staged = inode.staged
+        large = staged is not None and staged.size > LARGE_UPLOAD_BYTES
         try:
-            await self._sync(inode)
+            async with self._large_uploads if large else contextlib.nullcontext():
+                await self._sync(inode)
         except PreconditionFailed:
             log.error(
                 "write-back: gs://%s was changed by another client; this mount's version "
@@ -1428,20 +1438,30 @@ class Filesystem:
 
     async def sync_all(self, path: str = "") -> None:
         """Upload every dirty file now (``tierfs sync``, unmount, SIGTERM), write-back ones
-        included; only ``path`` and what is below it, if given. Errors are raised after
-        trying all: the first, with how many failed."""
+        included; only ``path`` and what is below it, if given; SYNC_UPLOADS at a time (a
+        save of small files is request latency, one by one it took 6 ms a file). Errors
+        are raised after trying all: the first, with how many failed."""
         failures: list[Exception] = []
-        for inode in list(self.inodes.by_ino.values()):
-            if path and inode.path != path and not inode.path.startswith(path + "/"):
-                continue
-            if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
-                try:
+        limit = trio.CapacityLimiter(SYNC_UPLOADS)
+
+        async def one(inode: Inode) -> None:
+            staged = inode.staged
+            large = staged is not None and staged.size > LARGE_UPLOAD_BYTES
+            try:
+                async with limit, self._large_uploads if large else contextlib.nullcontext():
                     await self._sync(inode)
-                except Exception as err:  # keep going: upload what can be uploaded
-                    failures.append(err)
-                else:
-                    if inode.open_handles == 0:
-                        self._retire(inode)
+            except Exception as err:  # keep going: upload what can be uploaded
+                failures.append(err)
+            else:
+                if inode.open_handles == 0:
+                    self._retire(inode)
+
+        async with trio.open_nursery() as nursery:
+            for inode in list(self.inodes.by_ino.values()):
+                if path and inode.path != path and not inode.path.startswith(path + "/"):
+                    continue
+                if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
+                    nursery.start_soon(one, inode)
         if len(failures) > 1:
             log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:

@@ -43,9 +43,10 @@ from tierfs.storage.gcs import GcsBucket, RetrySettings
 from tierfs.writeback import Journal
 
 log = logging.getLogger("tierfs.mount")
-# Background uploads at a time with write-back on (per mount; each is one file's upload,
-# which may itself run in parallel chunks).
-WRITEBACK_UPLOADS = 4
+# Background uploads at a time with write-back on (per mount): a small file's upload is
+# one request of a few ms, so a save of thousands waits on request latency, not bytes;
+# large files are held to fewer (tierfs.filesystem.LARGE_UPLOADS).
+WRITEBACK_UPLOADS = 16
 
 
 def connect(config: Config) -> GcsBucket:

@@ -41,6 +41,7 @@ with anonymous credentials a 401 must not trigger a token refresh.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import http.client
@@ -48,6 +49,7 @@ import json
 import math
 import os
 import re
+import secrets
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import google.auth
+import google_crc32c
 import requests
 import requests.adapters
 import trio
@@ -89,6 +92,9 @@ NO_CREDENTIALS = (
 DEFAULT_CONCURRENCY = 32
 DEFAULT_HTTP_TIMEOUT_S = 60.0
 UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
+# Files up to this size are uploaded in one request (as the client library does up to
+# 8 MiB); larger ones as resumable uploads, which survive a broken connection.
+SINGLE_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 _CHECK_ATTEMPTS = 3
 _MAX_DETAIL_CHARS = 300
@@ -458,6 +464,13 @@ class GcsBucket:
         client._bucket_metadata_cache = None
         self._client = client
         self._bucket = client.bucket(bucket_name, user_project=billing_project or None)
+        connection = client._connection
+        host = (
+            connection.get_api_base_url_for_mtls()
+            if hasattr(connection, "get_api_base_url_for_mtls")
+            else connection.API_BASE_URL
+        )
+        self._upload_url = f"{host}/upload/storage/v1{self._bucket.path}/o"
         self._limiter = (
             limiter if limiter is not None else trio.CapacityLimiter(DEFAULT_CONCURRENCY)
         )
@@ -496,6 +509,9 @@ class GcsBucket:
         # Anonymous credentials cannot be refreshed: let a 401 be a 401, not a refresh error.
         session = AuthorizedSession(
             credentials, refresh_status_codes=() if anonymous_credentials else (401,)
+        )
+        _settle_environment(
+            session, _normalize_endpoint(endpoint) if endpoint else "https://storage.googleapis.com"
         )
         tokens = limiter.total_tokens
         pool = (int(tokens) if math.isfinite(tokens) else DEFAULT_CONCURRENCY) + 2
@@ -698,6 +714,20 @@ class GcsBucket:
 
         def run() -> ObjectInfo:
             size = os.fstat(stream.fileno()).st_size
+            if size <= SINGLE_REQUEST_BYTES:
+                data = stream.read(size + 1)
+                if len(data) == size:  # else it grew meanwhile: the library's path says so
+                    info = self._upload_one_request(
+                        name,
+                        data,
+                        if_generation_match=if_generation_match,
+                        metadata=blob_metadata,
+                        content_type=content_type or DEFAULT_CONTENT_TYPE,
+                        retry=retry,
+                    )
+                    counters.add(bytes_written=size)
+                    return info
+                stream.seek(0)
             blob = bucket.blob(name, chunk_size=chunk_bytes)
             blob.metadata = blob_metadata
             blob.upload_from_file(
@@ -716,6 +746,55 @@ class GcsBucket:
             return await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
         finally:
             stream.close()
+
+    def _upload_one_request(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        if_generation_match: int | None,
+        metadata: Mapping[str, str] | None,
+        content_type: str,
+        retry: Retry | None,
+    ) -> ObjectInfo:
+        """One multipart (resource + media) POST, in the calling worker thread. The client
+        library's own upload costs about 3 ms of CPU per small file (retry and tracing
+        wrappers, argument building), which capped a write-back save of 4 KiB files at
+        about 300 uploads/s on two cores; this is the same request, in about a third.
+        The crc32c goes in the resource, so GCS refuses bytes that do not match it."""
+        crc = base64.b64encode(google_crc32c.Checksum(data).digest()).decode("ascii")
+        resource: dict[str, Any] = {"name": name, "contentType": content_type, "crc32c": crc}
+        if metadata:
+            resource["metadata"] = dict(metadata)
+        boundary = "tierfs-" + secrets.token_hex(16)
+        head = (
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
+            f"{json.dumps(resource)}\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n"
+        ).encode()
+        body = b"".join((head, data, f"\r\n--{boundary}--\r\n".encode()))
+        params: dict[str, str | int] = {"uploadType": "multipart"}
+        if if_generation_match is not None:
+            params["ifGenerationMatch"] = if_generation_match
+        if self._bucket.user_project:
+            params["userProject"] = self._bucket.user_project
+        session: requests.Session = self._client._http
+        url = self._upload_url
+        headers = {"Content-Type": f'multipart/related; boundary="{boundary}"'}
+        timeout = self._timeout_s or None
+
+        def attempt() -> dict[str, Any]:
+            response = session.post(url, params=params, data=body, headers=headers, timeout=timeout)
+            if response.status_code >= 400:
+                raise api_exceptions.from_http_response(response)
+            result: dict[str, Any] = response.json()
+            return result
+
+        answer = retry(attempt)() if retry is not None else attempt()
+        if answer.get("crc32c", crc) != crc:
+            raise BackendError(f"gs://{self.name}/{name}: GCS holds other bytes than were sent")
+        blob = self._bucket.blob(name)
+        blob._set_properties(answer)  # as the library reads its own upload's answer
+        return _info(blob)
 
     async def write_bytes(
         self,
@@ -838,6 +917,18 @@ class GcsBucket:
             if error is exc:
                 raise
             raise error from exc
+
+
+def _settle_environment(session: requests.Session, url: str) -> None:
+    """Read the environment's proxy and CA-bundle settings (HTTPS_PROXY, NO_PROXY,
+    REQUESTS_CA_BUNDLE...) once, for the one endpoint this session talks to, instead of
+    at every request: requests looks them up, and ~/.netrc, per request, about a tenth of
+    the CPU of a small upload."""
+    session.proxies.update(requests.utils.get_environ_proxies(url))
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if bundle:
+        session.verify = bundle
+    session.trust_env = False
 
 
 def _listing(objects: list[ObjectInfo], prefixes: set[str], max_results: int | None) -> Listing:
