@@ -321,7 +321,7 @@ class TierfsWriteBackTmpfs(TierfsWriteBack):
     survives a daemon crash, not a reboot. No SSD tier."""
 
     name = "tierfs-wb-tmpfs"
-    description = "tierfs, --write-back --temp-dir on tmpfs"
+    description = "tierfs, --write-back --write-back-dir on tmpfs"
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -329,7 +329,7 @@ class TierfsWriteBackTmpfs(TierfsWriteBack):
 
     def options(self, cache_dir: Path) -> list[str]:
         assert self.env.shm_root is not None
-        return ["--write-back", f"--temp-dir={self.env.shm_root / ('wb-' + cache_dir.name)}"]
+        return ["--write-back", f"--write-back-dir={self.env.shm_root / ('wb-' + cache_dir.name)}"]
 
 
 class TierfsListCache(Tierfs):

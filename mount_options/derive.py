@@ -95,6 +95,8 @@ def apply(settings: Settings, explicit: frozenset[str], *, cpu_count: int, make:
     ):
         old = settings["metrics:stackdriver-export-interval"]
         put("metrics:cloud-metrics-export-interval-secs", int(old.value), old.source)
+    if "write:write-back-dir" in explicit and not settings["write:write-back"].value:
+        warnings.append("write:write-back-dir has no effect without write:write-back")
     _normalize(settings, put)
     _check(settings, explicit)
     return warnings

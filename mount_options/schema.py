@@ -601,6 +601,16 @@ SCHEMA: tuple[Option, ...] = (
         tierfs=True,
     ),
     _opt(
+        "write:write-back-dir",
+        _P,
+        "",
+        "With write-back: where the journal and the files not yet in GCS live (default: "
+        "cache-dir, else temp-dir). A tmpfs makes it a RAM tier; its size bounds what may wait "
+        "for GCS, and a write that does not fit fails with ENOSPC, publishing nothing.",
+        flag="write-back-dir",
+        tierfs=True,
+    ),
+    _opt(
         "write:write-back-delay-secs",
         _I,
         0,

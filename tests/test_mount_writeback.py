@@ -216,6 +216,38 @@ def test_full_local_disk_is_enospc_and_nothing_partial_reaches_gcs(
     assert objects(gcs_client, bucket_name)["small"] == b"fits"
 
 
+def test_a_write_back_dir_of_its_own_holds_the_journal_and_bounds_it(
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tiny_disk: Path,
+    tmp_path: Path,
+) -> None:
+    """`write:write-back-dir` on a tmpfs (multi-tier checkpointing's RAM tier): the files
+    waiting for GCS live there, not in cache-dir; its size bounds them (ENOSPC for the
+    writer, nothing partial in GCS); a daemon killed meanwhile loses nothing."""
+    cache = tmp_path / "cache"
+    options = ("--write-back", f"--write-back-dir={tiny_disk}", f"--cache-dir={cache}")
+    mount = mount_factory(*options, "--write-back-delay-secs=3600")
+    mount.expect_errors = True  # the failed write is logged as an ERROR
+    data = os.urandom(MiB)
+    (mount.path / "waits").write_bytes(data)
+    journal = [p for p in tiny_disk.rglob("*") if p.is_file() and p.stat().st_size == MiB]
+    assert len(journal) == 1, "the file waiting for GCS is not in write-back-dir"
+    assert not list(cache.rglob("tierfs-writeback"))
+    with pytest.raises(OSError) as raised:
+        with open(mount.path / "too-big", "wb") as handle:
+            for _ in range(8):
+                handle.write(os.urandom(MiB))
+                handle.flush()
+    assert raised.value.errno == errno.ENOSPC
+    kill_daemon(mount)
+    again = mount_factory(*options, name="restart")
+    assert tierfs_sync(again).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"waits": data}
+    assert (again.path / "waits").read_bytes() == data
+
+
 def test_sync_of_something_that_is_not_a_mount_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
         [TIERFS, "sync", str(tmp_path)], capture_output=True, text=True, timeout=60

@@ -953,6 +953,13 @@ def test_file_cache_options_without_cache_dir_warn():
     )
 
 
+def test_write_back_dir_without_write_back_warns():
+    assert opts("write:write-back-dir:/dev/shm/wb").warnings == (
+        "write:write-back-dir has no effect without write:write-back",
+    )
+    assert opts("write:write-back:true,write:write-back-dir:/dev/shm/wb").warnings == ()
+
+
 @pytest.mark.parametrize(("cpus", "value"), [(1, 16), (2, 16), (8, 16), (12, 24), (64, 128)])
 def test_max_parallel_downloads_default_depends_on_cpus(cpus, value):
     config = load(parse_option_string("", MO), cpu_count=cpus)

@@ -152,9 +152,16 @@ async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
     return chain
 
 
-def writeback_root(config: Config) -> str:
-    """Where write-back keeps its journal and staged files."""
-    return config["cache-dir"] or config["file-system:temp-dir"] or tempfile.gettempdir()
+def writeback_root(config: Config) -> tuple[str, str]:
+    """(option, directory): where write-back keeps its journal and staged files."""
+    for option, key in (
+        ("write-back-dir", "write:write-back-dir"),
+        ("cache-dir", "cache-dir"),
+        ("temp-dir", "file-system:temp-dir"),
+    ):
+        if config[key]:
+            return option, config[key]
+    return "temp-dir", tempfile.gettempdir()
 
 
 def local_directories(config: Config) -> list[tuple[str, str]]:
@@ -163,8 +170,7 @@ def local_directories(config: Config) -> list[tuple[str, str]]:
     if file_cache_enabled(config.settings):
         wanted.append(("cache-dir", config["cache-dir"]))
     if config["write:write-back"]:
-        root = writeback_root(config)
-        wanted.append(("cache-dir" if root == config["cache-dir"] else "temp-dir", root))
+        wanted.append(writeback_root(config))
     return list(dict.fromkeys(wanted))
 
 
@@ -203,7 +209,7 @@ async def _serve_mounted(
         return
     journal = None
     if config["write:write-back"]:
-        root = writeback_root(config)
+        root = writeback_root(config)[1]
         try:
             journal = await trio.to_thread.run_sync(Journal, Path(root), config.bucket)
             recovered = await journal.recover(bucket, trio.to_thread.run_sync)
