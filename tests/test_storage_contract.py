@@ -119,8 +119,8 @@ async def test_write_bytes_then_stat_and_read(bucket: Bucket) -> None:
 
 
 async def test_write_file_round_trip(bucket: Bucket, tmp_path: Path) -> None:
-    # Above 8 MiB the client library switches to a resumable upload: cover both paths.
-    for name, size in (("small", 100 * KiB), ("large", 9 * MiB)):
+    # Up to 64 MiB one request, above it a resumable upload in 64 MiB chunks: both paths.
+    for name, size in (("small", 100 * KiB), ("large", 9 * MiB), ("huge", 64 * MiB + 1)):
         data = os.urandom(size)
         path = tmp_path / name
         path.write_bytes(data)

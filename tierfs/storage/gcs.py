@@ -92,9 +92,11 @@ NO_CREDENTIALS = (
 DEFAULT_CONCURRENCY = 32
 DEFAULT_HTTP_TIMEOUT_S = 60.0
 UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
-# Files up to this size are uploaded in one request (as the client library does up to
-# 8 MiB); larger ones as resumable uploads, which survive a broken connection.
-SINGLE_REQUEST_BYTES = 8 * 1024 * 1024
+# Files up to this size are uploaded in one request, larger ones as resumable uploads
+# in UPLOAD_CHUNK_BYTES chunks: a failed request re-sends at most one chunk's worth
+# either way, and one request saves the session's set-up (docs/uploads.md).
+SINGLE_REQUEST_BYTES = UPLOAD_CHUNK_BYTES
+_CRC_BLOCK = 8 * 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 _CHECK_ATTEMPTS = 3
 _MAX_DETAIL_CHARS = 300
@@ -715,19 +717,17 @@ class GcsBucket:
         def run() -> ObjectInfo:
             size = os.fstat(stream.fileno()).st_size
             if size <= SINGLE_REQUEST_BYTES:
-                data = stream.read(size + 1)
-                if len(data) == size:  # else it grew meanwhile: the library's path says so
-                    info = self._upload_one_request(
-                        name,
-                        data,
-                        if_generation_match=if_generation_match,
-                        metadata=blob_metadata,
-                        content_type=content_type or DEFAULT_CONTENT_TYPE,
-                        retry=retry,
-                    )
-                    counters.add(bytes_written=size)
-                    return info
-                stream.seek(0)
+                info = self._upload_one_request(
+                    name,
+                    stream.fileno(),
+                    size,
+                    if_generation_match=if_generation_match,
+                    metadata=blob_metadata,
+                    content_type=content_type or DEFAULT_CONTENT_TYPE,
+                    retry=retry,
+                )
+                counters.add(bytes_written=size)
+                return info
             blob = bucket.blob(name, chunk_size=chunk_bytes)
             blob.metadata = blob_metadata
             blob.upload_from_file(
@@ -750,19 +750,23 @@ class GcsBucket:
     def _upload_one_request(
         self,
         name: str,
-        data: bytes,
+        fd: int,
+        size: int,
         *,
         if_generation_match: int | None,
         metadata: Mapping[str, str] | None,
         content_type: str,
         retry: Retry | None,
     ) -> ObjectInfo:
-        """One multipart (resource + media) POST, in the calling worker thread. The client
-        library's own upload costs about 3 ms of CPU per small file (retry and tracing
-        wrappers, argument building), which capped a write-back save of 4 KiB files at
-        about 300 uploads/s on two cores; this is the same request, in about a third.
-        The crc32c goes in the resource, so GCS refuses bytes that do not match it."""
-        crc = base64.b64encode(google_crc32c.Checksum(data).digest()).decode("ascii")
+        """The first ``size`` bytes of ``fd`` as one multipart (resource + media) POST, read
+        from the file as it is sent, in the calling worker thread. The client library's
+        own upload costs about 3 ms of CPU per small file (retry and tracing wrappers,
+        argument building) and holds the whole body in memory. The crc32c goes in the
+        resource, so GCS refuses bytes that do not match it (a file changed under us)."""
+        checksum = google_crc32c.Checksum()
+        for offset in range(0, size, _CRC_BLOCK):
+            checksum.update(os.pread(fd, min(_CRC_BLOCK, size - offset), offset))
+        crc = base64.b64encode(checksum.digest()).decode("ascii")
         resource: dict[str, Any] = {"name": name, "contentType": content_type, "crc32c": crc}
         if metadata:
             resource["metadata"] = dict(metadata)
@@ -771,7 +775,7 @@ class GcsBucket:
             f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
             f"{json.dumps(resource)}\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n"
         ).encode()
-        body = b"".join((head, data, f"\r\n--{boundary}--\r\n".encode()))
+        tail = f"\r\n--{boundary}--\r\n".encode()
         params: dict[str, str | int] = {"uploadType": "multipart"}
         if if_generation_match is not None:
             params["ifGenerationMatch"] = if_generation_match
@@ -783,6 +787,7 @@ class GcsBucket:
         timeout = self._timeout_s or None
 
         def attempt() -> dict[str, Any]:
+            body = _FileBody(head, fd, size, tail)  # anew each attempt: from the start
             response = session.post(url, params=params, data=body, headers=headers, timeout=timeout)
             if response.status_code >= 400:
                 raise api_exceptions.from_http_response(response)
@@ -790,7 +795,7 @@ class GcsBucket:
             return result
 
         answer = retry(attempt)() if retry is not None else attempt()
-        if answer.get("crc32c", crc) != crc:
+        if answer.get("crc32c", crc) != crc or int(answer.get("size", size)) != size:
             raise BackendError(f"gs://{self.name}/{name}: GCS holds other bytes than were sent")
         blob = self._bucket.blob(name)
         blob._set_properties(answer)  # as the library reads its own upload's answer
@@ -917,6 +922,35 @@ class GcsBucket:
             if error is exc:
                 raise
             raise error from exc
+
+
+class _FileBody:
+    """A request body of ``head``, ``size`` bytes of ``fd`` from offset 0, and ``tail``,
+    read as http.client sends it (it asks ``len`` for the Content-Length): a 64 MiB
+    upload costs no 64 MiB of memory."""
+
+    def __init__(self, head: bytes, fd: int, size: int, tail: bytes) -> None:
+        self._parts = [head, b"", tail]
+        self._fd, self._size, self._offset = fd, size, 0
+        self._left = len(head) + size + len(tail)
+
+    def __len__(self) -> int:
+        return self._left
+
+    def read(self, amount: int = -1) -> bytes:
+        if amount < 0:
+            amount = self._left
+        if self._parts[0]:
+            out, self._parts[0] = self._parts[0][:amount], self._parts[0][amount:]
+        elif self._offset < self._size:
+            out = os.pread(self._fd, min(amount, self._size - self._offset), self._offset)
+            if not out:  # shrank under us: fail the request rather than leave it hanging
+                raise ValueError(f"file ended at {self._offset} of {self._size} bytes")
+            self._offset += len(out)
+        else:
+            out, self._parts[2] = self._parts[2][:amount], self._parts[2][amount:]
+        self._left -= len(out)
+        return out
 
 
 def _settle_environment(session: requests.Session, url: str) -> None:
