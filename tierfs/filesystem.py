@@ -617,9 +617,7 @@ class Filesystem:
             and staged.record_id is not None
             and inode.stream is None
         ):
-            handle.backing_id = self.backings.open_staged(
-                inode, self.journal.data_path(staged.record_id)
-            )
+            handle.backing_id = self.backings.open_staged(inode, staged.fd)
             staged.direct = bool(handle.backing_id)
         return handle, inode
 

@@ -52,8 +52,9 @@ log = logging.getLogger("tierfs.fuse")
 class BackingFiles(Protocol):
     """The kernel's table of backing files (pyfuse3's two ioctls, or a fake in tests)."""
 
-    def open(self, path: Path) -> int:
-        """Register the file at ``path``; its id. Raises OSError."""
+    def open(self, path: Path | int) -> int:
+        """Register the file at ``path``, or the open file ``path`` is a descriptor of; its
+        id. Raises OSError."""
         ...
 
     def close(self, backing_id: int) -> None:
@@ -126,13 +127,15 @@ class Backings:
         self.counts["opens"] += 1
         return backing_id
 
-    def open_staged(self, inode: Inode, path: Path) -> int:
-        """The backing id for a new write-back file, whose staged file is at ``path``: the
-        kernel then writes (and reads) it with no daemon round trip. 0: no passthrough."""
+    def open_staged(self, inode: Inode, fd: int) -> int:
+        """The backing id for a new write-back file, whose staged file is open as ``fd``:
+        the kernel then writes (and reads) it with no daemon round trip (it opens the file
+        anew with the writer's flags, so the descriptor's own mode does not matter). 0: no
+        passthrough."""
         if self.files is None or inode.ino in self._shared:
             return 0
         try:
-            backing_id = self.files.open(path)
+            backing_id = self.files.open(fd)
         except OSError as exc:
             self.counts["failed"] += 1
             log.warning("passthrough refused (%s): writes go through tierfs from now on", exc)
@@ -167,9 +170,11 @@ class Backings:
 class KernelBackingFiles:
     """`BackingFiles` through pyfuse3 as tierfs builds it (``deploy/pyfuse3``)."""
 
-    def open(self, path: Path) -> int:
+    def open(self, path: Path | int) -> int:
         import pyfuse3
 
+        if isinstance(path, int):  # an open file: no second open (200 us on ext4 here)
+            return int(pyfuse3.backing_open(path))  # type: ignore[attr-defined]
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             return int(pyfuse3.backing_open(fd))  # type: ignore[attr-defined]
