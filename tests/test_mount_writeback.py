@@ -459,9 +459,11 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     tmp_path: Path,
     when: str,
 ) -> None:
-    """A GCS-shaped link (+50 ms a request) makes the copies and deletes of 64 objects take
-    about a second, so the daemon is killed while the rename is under way: right after its
-    record is durable, with half of the copies made, or with half of the sources deleted."""
+    """rename() returns before the objects move; the mount shows the new tree at once. A
+    GCS-shaped link (+50 ms a request) makes the copies and deletes of 64 objects take
+    about a second, so the daemon is killed while they run: right after the rename
+    returned (its record durable), with half of the copies made, or with half of the
+    sources deleted. The next mount finishes the move."""
     from benchmarks.shaping import ShapingProxy
 
     bucket = gcs_client.bucket(bucket_name)
@@ -476,36 +478,129 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
         mount = mount_factory(
             "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={proxy.endpoint}"
         )
-        mover = subprocess.Popen(
-            ["mv", str(mount.path / "t"), str(mount.path / "final")], stderr=subprocess.DEVNULL
-        )
-        try:
+        os.rename(mount.path / "t", mount.path / "final")
+        if when == "journaled":
+            kill_daemon(mount)
+        else:
+            if when == "copying":  # (the checks take time: the deletes would be over)
+                in_gcs = [b.name for b in gcs_client.list_blobs(bucket_name)]
+                assert len([n for n in in_gcs if n.startswith("t/")]) > 32, "moved in rename()"
+                assert not (mount.path / "t").exists()
+                assert sorted(os.listdir(mount.path)) == ["final"]
+                assert sorted(os.listdir(mount.path / "final" / "d1")) == sorted(
+                    name.rsplit("/", 1)[1] for name in tree if name.startswith("t/d1/")
+                )
+                assert (mount.path / "final" / "d2" / "f6").read_bytes() == tree["t/d2/f6"]
             deadline = time.monotonic() + 60
 
             def reached() -> bool:
-                if when == "journaled":
-                    return bool(list(moves.rglob("moves/*.json")))
                 if when == "copying":
                     return len(list(gcs_client.list_blobs(bucket_name, prefix="final/"))) >= 32
                 return len(list(gcs_client.list_blobs(bucket_name, prefix="t/"))) <= 32
 
             while not reached():
-                assert time.monotonic() < deadline, "the rename never got there"
-                assert mover.poll() is None, "the rename ended before the kill"
+                assert time.monotonic() < deadline, "the move never got there"
                 time.sleep(0.005)
             kill_daemon(mount)
-        finally:
-            mover.kill()
-            mover.wait()
     finally:
         proxy.stop()
-    assert list(moves.rglob("moves/*.json")), "killed after the rename ended: nothing tested"
+    assert list(moves.rglob("moves/*.json")), "killed after the move ended: nothing tested"
     again = mount_factory("--write-back", "--implicit-dirs", cache, name="mnt")
     expected = {"final/" + name[2:]: data for name, data in tree.items()}
     assert objects(gcs_client, bucket_name) == {"final/": b"", **expected}
     assert (again.path / "final" / "d1" / "f5").read_bytes() == tree["t/d1/f5"]
     assert not (again.path / "t").exists()
     assert list(moves.rglob("moves/*.json")) == []
+
+
+def test_files_read_while_their_directory_rename_moves_them_read_whole(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """Reads from 8 threads over a tree whose objects are being moved (each read finds its
+    object under the old name, the new one, or both): every byte right, no ESTALE."""
+    import concurrent.futures
+
+    from benchmarks.shaping import ShapingProxy
+
+    bucket = gcs_client.bucket(bucket_name)
+    tree = {f"t/d{i % 8}/f{i}": os.urandom(1000 + i) for i in range(200)}
+    for name, data in {"t/": b"", **tree}.items():
+        bucket.blob(name).upload_from_string(data)
+    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
+    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
+    try:
+        mount = mount_factory(
+            "--write-back",
+            "--implicit-dirs",
+            f"--cache-dir={tmp_path / 'cache'}",
+            f"--custom-endpoint={proxy.endpoint}",
+        )
+        for name in list(tree)[::2]:  # half of them known to the mount before the rename
+            assert (mount.path / name).stat().st_size == len(tree[name])
+        os.rename(mount.path / "t", mount.path / "final")
+
+        def read(name: str) -> bool:
+            return (mount.path / "final" / name[2:]).read_bytes() == tree[name]
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(read, tree))
+        assert tierfs_sync(mount).returncode == 0
+    finally:
+        proxy.stop()
+    assert not [b.name for b in gcs_client.list_blobs(bucket_name, prefix="t/")]
+    assert mount.errors() == []
+
+
+def test_a_background_rename_lets_changes_to_its_tree_wait_and_sync_waits_for_it(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """While a directory rename moves its objects: a new file, an unlink and a nested
+    rename in the new tree wait for the move and then happen; `tierfs sync` returns once
+    the objects are moved; nothing is left under the old name."""
+    from benchmarks.shaping import ShapingProxy
+
+    bucket = gcs_client.bucket(bucket_name)
+    tree = {f"t/d{i % 2}/f{i}": str(i).encode() * 50 for i in range(32)}
+    for name, data in {"t/": b"", **tree}.items():
+        bucket.blob(name).upload_from_string(data)
+    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
+    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
+    try:
+        mount = mount_factory(
+            "--write-back",
+            "--implicit-dirs",
+            f"--cache-dir={tmp_path / 'cache'}",
+            f"--custom-endpoint={proxy.endpoint}",
+        )
+        os.rename(mount.path / "t", mount.path / "final")
+        assert stats(mount)["writeback"]["moving"] == 1
+        (mount.path / "final" / "new.txt").write_bytes(b"new")
+        os.unlink(mount.path / "final" / "d0" / "f0")
+        os.rename(mount.path / "final" / "d1", mount.path / "final" / "one")
+        assert tierfs_sync(mount).returncode == 0
+        assert stats(mount)["writeback"]["moving"] == 0
+    finally:
+        proxy.stop()
+    expected = {
+        "final/" + name[2:].replace("d1/", "one/"): data
+        for name, data in tree.items()
+        if name != "t/d0/f0"
+    }
+    in_gcs = objects(gcs_client, bucket_name)
+    assert {k: v for k, v in in_gcs.items() if not k.endswith("/")} == {
+        **expected,
+        "final/new.txt": b"new",
+    }
+    assert not [name for name in in_gcs if name.startswith("t/")]
+    assert stats(mount)["writeback"]["move_errors"] == 0
 
 
 def test_creates_in_a_directory_this_mount_made_ask_gcs_nothing(

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs.errors import BackendError
+from tierfs.errors import BackendError, NotFound
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
@@ -234,7 +234,8 @@ async def test_rename_of_an_uploaded_tree_ignores_rename_dir_limit(
     live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
 ) -> None:
     """Write-back at the default delay uploads an Orbax tmp directory before its rename:
-    the rename copies it, whatever rename-dir-limit (0 here) says, and is journaled."""
+    the rename moves it, whatever rename-dir-limit (0 here) says, journaled and in the
+    background: the new names answer at once, read from the old objects until moved."""
     fs = live_fs
     nursery.start_soon(fs.run_uploads, 2)
     tmp = await fs.mkdir(ROOT_INO, "step_1.tmp")
@@ -243,12 +244,21 @@ async def test_rename_of_an_uploaded_tree_ignores_rename_dir_limit(
     await write_new(fs, "b", b"B" * 100, parent=tmp.ino)
     await settle(fs)
     assert "step_1.tmp/params/a" in bucket.names()
+    copies = bucket.statistics().get("copies", 0)
     await fs.rename(ROOT_INO, "step_1.tmp", ROOT_INO, "step_1")
-    assert sorted(bucket.names()) == ["step_1/", "step_1/b", "step_1/params/", "step_1/params/a"]
-    assert fs.journal is not None and fs.journal.moves.pending() == []
-    inode = await fs.lookup((await fs.lookup(ROOT_INO, "step_1")).ino, "b")
+    assert bucket.statistics().get("copies", 0) == copies  # nothing moved inside the call
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "step_1.tmp")
+    step = await fs.lookup(ROOT_INO, "step_1")
+    assert [name for name, _, _ in await fs.readdir(fs.opendir(ROOT_INO), 0)] == ["step_1"]
+    assert sorted(n for n, _, _ in await fs.readdir(fs.opendir(step.ino), 0)) == ["b", "params"]
+    inode = await fs.lookup(step.ino, "b")
     handle = await fs.open(inode.ino, os.O_RDONLY)
     assert bytes(await fs.read(handle.fh, 0, 200)) == b"B" * 100
+    await fs.sync_all()  # durable in GCS: moved
+    assert sorted(bucket.names()) == ["step_1/", "step_1/b", "step_1/params/", "step_1/params/a"]
+    assert fs.journal is not None and fs.journal.moves.pending() == []
+    assert bytes(await fs.read(handle.fh, 0, 200)) == b"B" * 100  # from the new object now
     await fs.release(handle.fh)
 
 

@@ -38,7 +38,7 @@ from cachetools import LRUCache
 
 from tierfs.cache import BlockKey, Tier
 from tierfs.cache.ssd import Passthrough, SsdTier
-from tierfs.errors import NotFound
+from tierfs.errors import NotFound, root_cause
 from tierfs.storage import Bucket
 
 log = logging.getLogger("tierfs.blocks")
@@ -86,6 +86,7 @@ class Blocks:
         self.crc_mismatches = 0
         self.stored_local = 0
         self.tier_errors = 0
+        self.fill_errors = 0  # background fills that failed (not counting changed objects)
 
     def blocks_of(self, size: int) -> int:
         return (size + self.block_size - 1) // self.block_size
@@ -228,8 +229,13 @@ class Blocks:
             if self.check_crc and crc32c and missing:
                 await self._verify(name, generation, size, crc32c)
             await self._seal(name, generation, size)
-        except NotFound:
-            log.debug("gs://%s#%d changed while being cached", name, generation)
+        except Exception as err:  # a background task: exception groups included
+            cause = root_cause(err)
+            if isinstance(cause, NotFound):
+                log.debug("gs://%s#%d changed while being cached", name, generation)
+            else:  # a fill that fails is only a miss later; the reader gets its own error
+                self.fill_errors += 1
+                log.warning("could not cache gs://%s#%d: %s", name, generation, cause)
         finally:
             self._filling.discard(job)
 
@@ -290,6 +296,7 @@ class Blocks:
             "crc_mismatches": self.crc_mismatches,
             "uploads_cached": self.stored_local,
             "tier_errors": self.tier_errors,
+            "fill_errors": self.fill_errors,
             "tiers": {tier.name: tier.statistics() for tier in self.tiers},
         }
 

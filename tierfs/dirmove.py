@@ -19,18 +19,28 @@ crash and only has its source deleted. Records are replayed in the order they
 were made (``a -> b`` then ``b -> c``). Layout, beside the file records::
 
     <journal dir>/moves/<sequence>-<id>.json   {"source": "a/", "destination": "b/"}
+
+With write-back the copies run in the background (`PendingMoves`): rename() returns
+once the record is durable and the mount's own tables say the new names, so an Orbax
+or DCP commit does not wait for one copy and one delete per object already uploaded.
+Until the move is done the mount answers for both trees: the old names are gone, the
+new ones are looked up and listed under the old prefix too (each object is under one
+name or the other at any moment), and files read from their old object. Anything that
+would change either tree (create, unlink, rename, rmdir, a write's upload...) waits for
+the move first; that keeps the set of objects to move the one listed, and the next
+mount's replay of the record equal to what this mount would have done.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.errors import BackendError, NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
 
 if TYPE_CHECKING:
@@ -40,6 +50,8 @@ log = logging.getLogger("tierfs.writeback")
 
 # Copies (then deletes) in flight at once for one directory rename.
 MOVE_CONCURRENCY = 16
+MOVE_RETRY_S = 5.0
+MAX_MOVE_RETRY_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -59,10 +71,12 @@ async def move_objects(
     destination: str,
     *,
     skip_existing: bool = False,
+    on_moved: Callable[[ObjectInfo, ObjectInfo], None] | None = None,
 ) -> dict[str, ObjectInfo]:
     """Copy each object to its new name, then delete its source generation, a few at a
     time. Returns the new objects by name. ``skip_existing`` (recovery): a destination
-    that exists already was copied before a crash, so only its source is deleted."""
+    that exists already was copied before a crash, so only its source is deleted.
+    ``on_moved(source, copy)`` runs after each copy, before its source is deleted."""
     moved: dict[str, ObjectInfo] = {}
     limit = trio.CapacityLimiter(MOVE_CONCURRENCY)
 
@@ -86,6 +100,8 @@ async def move_objects(
                 except NotFound:
                     return  # deleted meanwhile (by another client): nothing to move
             moved[target] = copy
+            if on_moved is not None:
+                on_moved(info, copy)
             try:
                 await bucket.delete(info.name, if_generation_match=info.generation)
             except (NotFound, PreconditionFailed):
@@ -114,3 +130,93 @@ async def recover_moves(bucket: Bucket, moves: MoveLog) -> list[Move]:
         )
         done.append(move)
     return done
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
+
+
+@dataclass(eq=False)
+class Moving:
+    """One directory rename whose objects are still being moved (paths, no slash)."""
+
+    source: str
+    destination: str
+    done: trio.Event = field(default_factory=trio.Event)
+    error: str | None = None  # the last attempt's failure, while it is retried
+    attempted: trio.Event = field(default_factory=trio.Event)
+
+    def translate(self, path: str) -> str:
+        """The path under the source that ``path`` (under the destination) was."""
+        return self.source + path[len(self.destination) :]
+
+    def tried(self, error: str | None) -> None:
+        self.error = error
+        self.attempted.set()
+        self.attempted = trio.Event()
+
+    async def wait(self) -> None:
+        """Until the move is done; raises BackendError while its attempts fail."""
+        while not self.done.is_set():
+            if self.error is not None:
+                raise BackendError(f"rename of {self.source} to {self.destination}: {self.error}")
+            await self.attempted.wait()
+
+
+class PendingMoves:
+    """The directory renames under way in the background (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._moves: list[Moving] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._moves)
+
+    def __iter__(self) -> Iterator[Moving]:
+        return iter(list(self._moves))
+
+    def add(self, moving: Moving) -> None:
+        self._moves.append(moving)
+
+    def remove(self, moving: Moving) -> None:
+        self._moves.remove(moving)
+        moving.done.set()
+
+    def hides(self, path: str) -> bool:
+        """Whether ``path`` is a name a pending move took away."""
+        return any(_under(path, m.source) for m in self._moves)
+
+    def source_of(self, path: str) -> str | None:
+        """The old path of ``path`` if it is a new name of a pending move, else None."""
+        for moving in reversed(self._moves):
+            if _under(path, moving.destination):
+                return moving.translate(path)
+        return None
+
+    def destinations_in(self, dir_path: str) -> list[str]:
+        """New directory names that a pending move puts directly in ``dir_path``."""
+        return [
+            m.destination
+            for m in self._moves
+            if (m.destination.rsplit("/", 1)[0] if "/" in m.destination else "") == dir_path
+        ]
+
+    def covering(self, path: str) -> list[Moving]:
+        """Pending moves whose trees hold ``path``, or lie below it ("" covers all)."""
+        return [
+            m
+            for m in self._moves
+            if _under(path, m.source)
+            or _under(path, m.destination)
+            or _under(m.source, path)
+            or _under(m.destination, path)
+            or not path
+        ]
+
+    async def settled(self, *paths: str) -> None:
+        """Wait until no pending move covers any of ``paths``: before changing them."""
+        while True:
+            waiting = [m for path in paths for m in self.covering(path)]
+            if not waiting:
+                return
+            await waiting[0].done.wait()

@@ -30,7 +30,7 @@ import mimetypes
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,7 +40,14 @@ from cachetools import LRUCache
 from mount_options import Config
 from mount_options.derive import file_cache_enabled
 from tierfs.blocks import BlockReader, Blocks, Spawn
-from tierfs.dirmove import move_objects
+from tierfs.dirmove import (
+    MAX_MOVE_RETRY_S,
+    MOVE_RETRY_S,
+    Move,
+    Moving,
+    PendingMoves,
+    move_objects,
+)
 from tierfs.errors import (
     AlreadyExists,
     IsADirectory,
@@ -51,6 +58,7 @@ from tierfs.errors import (
     ReadOnly,
     TooManyObjects,
     Unsupported,
+    root_cause,
 )
 from tierfs.handles import DirHandle, FileHandle, HandleTable
 from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
@@ -82,6 +90,7 @@ STREAM_QUEUE_WRITES = 8
 # a time, so many uploaders serve small files without a save of big ones costing memory.
 LARGE_UPLOAD_BYTES = 8 << 20
 LARGE_UPLOADS = 4
+MOVES_AT_UNMOUNT_S = 300.0  # unmount waits this long for uploads and background renames
 SYNC_UPLOADS = 16  # uploads at a time for `tierfs sync`, unmount and SIGTERM
 BLOCK_SIZE = 4096
 RENAME_NOREPLACE = 1
@@ -235,9 +244,17 @@ class Filesystem:
             self._upload_in_background, self._committed_again, writing=lambda: self._writers > 0
         )
         self._large_uploads = trio.CapacityLimiter(LARGE_UPLOADS)
+        self.pending_moves = PendingMoves()  # directory renames moving objects in the background
+        self._remote_readers: dict[str, Inode] = {}  # old object name -> inode reading it
         self._streams = 0
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
-        self.writeback_counts = {"committed": 0, "uploaded": 0, "failed": 0, "conflicts": 0}
+        self.writeback_counts = {
+            "committed": 0,
+            "uploaded": 0,
+            "failed": 0,
+            "conflicts": 0,
+            "move_errors": 0,  # failed attempts of background directory renames
+        }
         self.owned = OwnedDirs()  # with write-back: directories made here, answered locally
         self.staging_errors = 0  # local files for writes that could not be made
         self.write_requests = 0  # WRITEs the daemon served (none for passthrough files)
@@ -394,6 +411,12 @@ class Filesystem:
             return current  # local state is newer than anything GCS can say
         if current is None and self.owned.absent(path):
             return None  # in a directory this mount made, and never made here
+        if self.pending_moves:
+            if self.pending_moves.hides(path):
+                return None  # renamed away; its objects may still be there, being moved
+            source = self.pending_moves.source_of(path)
+            if source is not None:
+                return current if current is not None else await self._resolve_moving(path, source)
         found = await self.names.lookup(path)
         current = self.inodes.current(path)  # may have changed while we awaited
         if current is not None and (current.local_only or current.staged is not None):
@@ -411,6 +434,38 @@ class Filesystem:
             )
         assert found.info is not None
         return await self._file_inode(path, found.info)
+
+    async def _resolve_moving(self, path: str, source: str) -> Inode | None:
+        """A new name of a directory rename still moving its objects: under the old name
+        until its object is moved, then under the new one."""
+        found = await self.names.lookup(source)
+        if found is None:
+            found = await self.names.lookup(path)
+        current = self.inodes.current(path)
+        if found is None or current is not None:
+            return current
+        if found.is_dir:
+            return self.inodes.make(
+                Kind.DIR, path, mtime_ns=self._dir_mtime(found.info), placeholder=found.placeholder
+            )
+        assert found.info is not None
+        return self._still_moving(await self._file_inode(path, found.info), found.info)
+
+    def _still_moving(self, inode: Inode, info: ObjectInfo) -> Inode:
+        """``inode`` reads ``info``'s object, which may still be under its old name."""
+        if info.name != self.names.file_object(inode.path) and inode.kind is not Kind.DIR:
+            inode.remote = info.name
+            self._remote_readers[info.name] = inode
+        return inode
+
+    def _read_object(self, inode: Inode) -> str:
+        """The object a clean file's bytes are read from."""
+        return inode.remote or self.names.file_object(inode.path)
+
+    async def _settle(self, *paths: str) -> None:
+        """Before a change to ``paths``: wait for the background renames covering them."""
+        if self.pending_moves:
+            await self.pending_moves.settled(*paths)
 
     async def _file_inode(self, path: str, info: ObjectInfo) -> Inode:
         """The inode for one generation of a file or symlink object (reused if unchanged)."""
@@ -466,6 +521,7 @@ class Filesystem:
             and given is not None
             and listings.get(inode.path) is given[0]
             and self.inodes.by_path.get(inode.path) is inode
+            and not self.pending_moves
         )
         if keep:
             self.dir_counts["kept"] += 1
@@ -486,7 +542,13 @@ class Filesystem:
         self.dirs.pop(fh)
 
     async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
-        listing = await self.names.list_dir(directory.path)
+        source = self.pending_moves.source_of(directory.path) if self.pending_moves else None
+        old = None
+        if source is not None:
+            # The old prefix first: an object moved between the two listings is in both,
+            # never in neither (it is copied before it is deleted).
+            old = await self.names.list_dir(source, fresh=True)
+        listing = await self.names.list_dir(directory.path, fresh=old is not None)
         entries = self._reuse_listed(directory.path, listing)
         if entries is None:
             entries = []
@@ -501,9 +563,11 @@ class Filesystem:
             for entry_name, info in listing.files:
                 path = self.names.child_path(directory.path, entry_name)
                 entries.append((entry_name, await self._file_inode(path, info)))
-            if self.names.listings is not None:  # else every listing is a new object
-                paths = [inode.path for _, inode in entries]
+            if self.names.listings is not None and not self.pending_moves:
+                paths = [inode.path for _, inode in entries]  # (else a new object each time)
                 self._listed[directory.path] = (listing, entries, paths)
+        if self.pending_moves:
+            entries = await self._list_moving(directory, entries, old)
         local = [
             inode
             for inode in self.inodes.children(directory.path)
@@ -513,6 +577,38 @@ class Filesystem:
             return entries
         seen = {name for name, _ in entries}
         return entries + [(inode.name, inode) for inode in local if inode.name not in seen]
+
+    async def _list_moving(
+        self, directory: Inode, entries: list[tuple[str, Inode]], old: DirListing | None
+    ) -> list[tuple[str, Inode]]:
+        """A listing while directory renames move objects: without the names they took
+        away, with the new names (``old``: the listing under the old prefix, for objects
+        not moved yet)."""
+        moves = self.pending_moves
+        entries = [(name, inode) for name, inode in entries if not moves.hides(inode.path)]
+        seen = {name for name, _ in entries}
+        if old is not None:
+            for part in old.dirs:
+                path = self.names.child_path(directory.path, part)
+                inode = self.inodes.current(path)
+                if part not in seen and (inode is None or inode.kind is Kind.DIR):
+                    inode = inode or self.inodes.make(
+                        Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns
+                    )
+                    entries.append((part, inode))
+                    seen.add(part)
+            for entry_name, info in old.files:
+                if entry_name not in seen:
+                    path = self.names.child_path(directory.path, entry_name)
+                    inode = self._still_moving(await self._file_inode(path, info), info)
+                    entries.append((entry_name, inode))
+                    seen.add(entry_name)
+        for destination in moves.destinations_in(directory.path):
+            inode = self.inodes.current(destination)
+            if inode is not None and inode.name not in seen:
+                entries.append((inode.name, inode))
+                seen.add(inode.name)
+        return entries
 
     def _reuse_listed(self, dir_path: str, listing: DirListing) -> list[tuple[str, Inode]] | None:
         """The entries built from this very listing last time, if each is still the current
@@ -530,6 +626,7 @@ class Filesystem:
 
     async def mkdir(self, parent_ino: int, name: str) -> Inode:
         path = self._new_path(parent_ino, name)
+        await self._settle(path)
         if self.journal is not None:
             return await self._mkdir_local(path)
         try:
@@ -566,6 +663,7 @@ class Filesystem:
         return inode
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
+        await self._settle(self.names.child_path(self._dir(parent_ino).path, name))
         path, inode = await self._existing(parent_ino, name)
         if inode.kind is not Kind.DIR:
             raise NotADirectory(path)
@@ -596,6 +694,7 @@ class Filesystem:
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
         self.uploads.busy()
         path = self._new_path(parent_ino, name)
+        await self._settle(path)
         object_name = self.names.file_object(path)
         existing = self.inodes.current(path)
         if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
@@ -639,7 +738,9 @@ class Filesystem:
             and inode.staged is None
             and inode.generation != 0
         )
-        object_name = self.names.file_object(inode.path)
+        if writable:
+            await self._settle(inode.path)
+        object_name = self._read_object(inode)
         backing_id = await self.backings.open(inode, object_name, eligible=eligible)
         handle = self._open_handle(inode, writable=writable, flags=flags)
         handle.backing_id = backing_id
@@ -661,27 +762,38 @@ class Filesystem:
     async def read(self, fh: int, offset: int, length: int) -> bytes | memoryview:
         handle = self.files[fh]
         inode = handle.inode
-        if inode.staged is not None:
-            return inode.staged.pread(offset, length)
-        if inode.generation == 0:
-            return b""
-        if handle.reader is None or handle.reader.generation != inode.generation:
-            handle.reader = BlockReader(
-                self.blocks,
-                self.names.file_object(inode.path),
-                inode.generation,
-                inode.size,
-                spawn=self.spawn,
-                max_ahead_bytes=self.settings.read_ahead_bytes,
-                fill=self.settings.file_cache,
-                fill_on_range_read=self.settings.cache_for_range_read,
-                crc32c=inode.crc32c,
-            )
-        try:
-            return await handle.reader.read(offset, length)
-        except NotFound:
-            # The generation this inode stands for is gone: changed or deleted elsewhere.
-            raise PreconditionFailed(inode.path) from None
+        for _ in range(2):  # twice: a background rename may move the object meanwhile
+            if inode.staged is not None:
+                return inode.staged.pread(offset, length)
+            if inode.generation == 0:
+                return b""
+            if handle.reader is None or handle.reader.generation != inode.generation:
+                handle.reader = BlockReader(
+                    self.blocks,
+                    self._read_object(inode),
+                    inode.generation,
+                    inode.size,
+                    spawn=self.spawn,
+                    max_ahead_bytes=self.settings.read_ahead_bytes,
+                    fill=self.settings.file_cache,
+                    fill_on_range_read=self.settings.cache_for_range_read,
+                    crc32c=inode.crc32c,
+                )
+            reader = handle.reader
+            try:
+                return await reader.read(offset, length)
+            except Exception as err:  # a read of several blocks fails as an exception group
+                if not isinstance(root_cause(err), NotFound):
+                    raise
+                if inode.remote is not None:  # moved before this inode knew: ask the new name
+                    with contextlib.suppress(NotFound):
+                        self._moved_to(
+                            inode, await self.bucket.stat(self.names.file_object(inode.path))
+                        )
+                if reader.generation == inode.generation:
+                    break  # not moved: the generation this inode stands for is gone
+        # Changed or deleted elsewhere.
+        raise PreconditionFailed(inode.path)
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         self.write_requests += 1
@@ -990,6 +1102,8 @@ class Filesystem:
         return metadata
 
     async def _upload(self, inode: Inode, object_name: str) -> None:
+        if inode.remote is not None:  # its object is still being moved to this name
+            await self._settle(inode.path)
         staged = inode.staged
         assert staged is not None
         try:
@@ -1113,6 +1227,7 @@ class Filesystem:
         self, ino: int, *, size: int | None = None, mtime_ns: int | None = None
     ) -> Attr:
         inode = self._inode(ino)
+        await self._settle(inode.path)
         if size is not None:
             if inode.kind is Kind.DIR:
                 raise IsADirectory(inode.path)
@@ -1158,6 +1273,7 @@ class Filesystem:
     # -- unlink, symlink, rename -----------------------------------------------------------------
 
     async def unlink(self, parent_ino: int, name: str) -> None:
+        await self._settle(self.names.child_path(self._dir(parent_ino).path, name))
         path, inode = await self._existing(parent_ino, name)
         if inode.kind is Kind.DIR:
             raise IsADirectory(path)
@@ -1194,6 +1310,7 @@ class Filesystem:
 
     async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:
         path = self._new_path(parent_ino, name)
+        await self._settle(path)
         metadata = {SYMLINK_TARGET_KEY: target}
         body = b""
         if self.settings.standard_symlinks:
@@ -1240,6 +1357,7 @@ class Filesystem:
         new_path = self.names.child_path(self._dir(new_parent).path, new_name)
         if old_path == new_path:
             return
+        await self._settle(old_path, new_path)
         source = await self._resolve(old_path)
         if source is None:
             raise NotFound(old_path)
@@ -1342,10 +1460,117 @@ class Filesystem:
                 move = await trio.to_thread.run_sync(
                     moves.begin, self.names.dir_object(source.path), self.names.dir_object(new_path)
                 )
-            await self._rename_dir_objects(source, new_path)
+            if moves is None or move is None:
+                await self._rename_dir_objects(source, new_path)
+                return
+            _, finish = self._move_locally(source, new_path)
             await self._rename_records(local, durable=False)
-            if moves is not None and move is not None:
-                await trio.to_thread.run_sync(moves.end, move)
+        # The locks are let go: the objects are moved in the background (or here, in core
+        # tests without a nursery).
+        if self.spawn is None:
+            await finish(move)
+        else:
+            self.spawn(finish, move)
+
+    def _move_locally(
+        self, source: Inode, new_path: str
+    ) -> tuple[Moving, Callable[[Move], Awaitable[None]]]:
+        """The mount's side of a background directory rename: the tree has its new names
+        at once; files already in GCS read their old objects until they are moved. Returns
+        the move and the task that moves the objects."""
+        old_path = source.path
+        old_prefix = self.names.dir_object(old_path)
+        new_prefix = self.names.dir_object(new_path)
+        placeholder_coming = source.local_only  # its journal record moves with it
+        remote = {
+            inode.ino: self._read_object(inode)
+            for inode in self.inodes.below(old_path)
+            if inode.kind is not Kind.DIR and inode.generation and not inode.unlinked
+        }
+        self._removed(old_path)
+        self.names.forget(new_path, below=True)
+        self.inodes.move(source, new_path)
+        source.placeholder = True
+        for inode in self.inodes.below(new_path):
+            if inode.ino in remote:
+                inode.remote = remote[inode.ino]
+                self._remote_readers[inode.remote] = inode
+        moving = Moving(old_path, new_path)
+        self.pending_moves.add(moving)
+
+        async def finish(move: Move) -> None:
+            await self._finish_move(moving, move, old_prefix, new_prefix, placeholder_coming)
+
+        return moving, finish
+
+    def _object_moved(self, source: ObjectInfo, copy: ObjectInfo) -> None:
+        """One object of a background rename is under its new name (its old one is deleted
+        next): the inode reading it reads the copy from now on."""
+        inode = self._remote_readers.pop(source.name, None)
+        if inode is not None:
+            self._moved_to(inode, copy)
+
+    @staticmethod
+    def _moved_to(inode: Inode, copy: ObjectInfo | None) -> None:
+        if inode.remote is None:
+            return
+        inode.remote = None
+        if copy is not None:  # the object under its new name is a new generation
+            inode.generation = copy.generation
+            inode.metageneration = copy.metageneration
+            if inode.staged is not None:
+                inode.staged.base_generation = copy.generation
+
+    async def _finish_move(
+        self, moving: Moving, move: Move, old_prefix: str, new_prefix: str, placeholder: bool
+    ) -> None:
+        """Move the objects of a renamed directory (retried until it works: the journal
+        record stays until then, and a next mount would finish it), then let the mount
+        forget the old names. Never raises: a background task."""
+        delay = MOVE_RETRY_S
+        attempt = 0
+        while True:
+            try:
+                listing = await self.bucket.list(old_prefix, delimiter=None)
+                if not placeholder and not any(o.name == old_prefix for o in listing.objects):
+                    # An implicit directory: give the new one a placeholder either way.
+                    await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
+                copies = await move_objects(
+                    self.bucket,
+                    listing.objects,
+                    old_prefix,
+                    new_prefix,
+                    skip_existing=attempt > 0,
+                    on_moved=self._object_moved,
+                )
+                break
+            except Exception as err:  # exception groups included: nothing ends the daemon
+                attempt += 1
+                self.writeback_counts["move_errors"] += 1
+                moving.tried(str(root_cause(err)))
+                log.error(
+                    "write-back: renaming gs://%s to %s failed, will retry in %.0f s: %s",
+                    old_prefix,
+                    new_prefix,
+                    delay,
+                    root_cause(err),
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_MOVE_RETRY_S)
+        for inode in self.inodes.below(moving.destination):
+            if inode.remote is not None:  # its object vanished meanwhile: reads say ESTALE
+                self._moved_to(inode, copies.get(self.names.file_object(inode.path)))
+        for name in [n for n in self._remote_readers if n.startswith(old_prefix)]:
+            del self._remote_readers[name]
+        assert self.journal is not None
+        try:
+            await trio.to_thread.run_sync(self.journal.moves.end, move)
+        except OSError as err:  # replayed at the next mount: finds nothing left to move
+            log.warning("write-back: could not drop the record of a finished rename: %s", err)
+        self.names.forget(moving.source, below=True)
+        self.names.forget(moving.destination, below=True)
+        self.pending_moves.remove(moving)
+        moving.tried(None)
 
     async def _rename_records(self, inodes: list[Inode], *, durable: bool) -> None:
         """Point the journal records of moved write-back files at their new names, in one
@@ -1420,6 +1645,7 @@ class Filesystem:
                 "enabled": self.journal is not None,
                 "pending": self.pending_uploads(),
                 "failing": len(self._failed),
+                "moving": sum(1 for _ in self.pending_moves),
                 **self.writeback_counts,
             },
         }
@@ -1464,6 +1690,8 @@ class Filesystem:
             log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:
             raise failures[0]
+        for moving in self.pending_moves.covering(path):  # durable means moved too
+            await moving.wait()
 
     async def finish(self) -> None:
         """At unmount, while background tasks still run: upload every dirty file, let the
@@ -1471,9 +1699,16 @@ class Filesystem:
         reads those files from local disk, directly. An upload error is logged, not raised:
         the daemon is going away either way (a write-back journal keeps the file)."""
         try:
-            await self.sync_all()
+            with trio.move_on_after(MOVES_AT_UNMOUNT_S):
+                await self.sync_all()
         except Exception as err:
             log.error("pending writes could not be uploaded: %s", err)
+        if self.pending_moves:
+            log.warning(
+                "unmount: %d directory rename(s) still moving objects; the next mount "
+                "finishes them from the journal",
+                sum(1 for _ in self.pending_moves),
+            )
         if self._copying:
             log.info("unmount: finishing the SSD-tier copies of %d uploads", self._copying)
         while self._copying:

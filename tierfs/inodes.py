@@ -64,6 +64,9 @@ class Inode:
     placeholder: bool = False  # directories: a 'dir/' object exists
     crc32c: str | None = None  # of the generation, as GCS reports it
     metadata: dict[str, str] = field(default_factory=dict)
+    # A file whose directory was renamed while its object is still under the old name (a
+    # background move, tierfs.dirmove): the object it reads until the move is done.
+    remote: str | None = None
     lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
     # The FUSE layer's last reply for this inode (its Attr and the kernel struct built from
     # it), reused while the Attr is equal: readdir of a big directory sends every entry.

@@ -211,13 +211,15 @@ class Namespace:
             return Found(False, file_info)
         return None
 
-    async def list_dir(self, path: str) -> DirListing:
-        if self.listings is not None:
+    async def list_dir(self, path: str, *, fresh: bool = False) -> DirListing:
+        """A directory's listing; ``fresh``: from GCS now, and not kept (a tree that a
+        background rename is moving changes under it)."""
+        if self.listings is not None and not fresh:
             kept = self.listings.get(path)
             if kept is not None:
                 return kept
         listing = await self._list_dir(path)
-        if self.listings is not None:
+        if self.listings is not None and not fresh:
             self.listings[path] = listing
         return listing
 
