@@ -198,17 +198,24 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+def write_too_much(path: Path) -> int | None:
+    """Write 8 MiB to ``path`` (more than a tiny disk holds); the errno it failed with."""
+    try:
+        with open(path, "wb") as handle:
+            for _ in range(8):
+                handle.write(os.urandom(MiB))
+                handle.flush()
+    except OSError as err:
+        return err.errno
+    return None
+
+
 def test_full_local_disk_is_enospc_and_nothing_partial_reaches_gcs(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tiny_disk: Path
 ) -> None:
     mount = mount_factory("--write-back", f"--cache-dir={tiny_disk}")
     mount.expect_errors = True  # the failed write is logged as an ERROR
-    with pytest.raises(OSError) as raised:
-        with open(mount.path / "too-big", "wb") as handle:
-            for _ in range(8):
-                handle.write(os.urandom(MiB))
-                handle.flush()
-    assert raised.value.errno == errno.ENOSPC
+    assert write_too_much(mount.path / "too-big") == errno.ENOSPC
     assert tierfs_sync(mount).returncode == 0
     assert "too-big" not in objects(gcs_client, bucket_name)
     (mount.path / "small").write_bytes(b"fits")  # the mount still works
@@ -235,12 +242,7 @@ def test_a_write_back_dir_of_its_own_holds_the_journal_and_bounds_it(
     journal = [p for p in tiny_disk.rglob("*") if p.is_file() and p.stat().st_size == MiB]
     assert len(journal) == 1, "the file waiting for GCS is not in write-back-dir"
     assert not list(cache.rglob("tierfs-writeback"))
-    with pytest.raises(OSError) as raised:
-        with open(mount.path / "too-big", "wb") as handle:
-            for _ in range(8):
-                handle.write(os.urandom(MiB))
-                handle.flush()
-    assert raised.value.errno == errno.ENOSPC
+    assert write_too_much(mount.path / "too-big") == errno.ENOSPC
     kill_daemon(mount)
     again = mount_factory(*options, name="restart")
     assert tierfs_sync(again).returncode == 0
@@ -450,6 +452,25 @@ def test_orbax_save_renames_its_tmp_step_at_the_defaults(
     assert stats(mount)["writeback"]["failed"] == 0
 
 
+@contextlib.contextmanager
+def over_a_slow_link(
+    emulator: Emulator, gcs_client: storage.Client, bucket_name: str, tree: dict[str, bytes]
+) -> Iterator[str]:
+    """Put ``tree`` (and the placeholder ``t/``) in the bucket; yield the endpoint of a
+    GCS-shaped link to the emulator (+50 ms a request), so that moving it takes a while."""
+    from benchmarks.shaping import ShapingProxy
+
+    bucket = gcs_client.bucket(bucket_name)
+    for name, data in {"t/": b"", **tree}.items():
+        bucket.blob(name).upload_from_string(data)
+    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
+    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
+    try:
+        yield proxy.endpoint
+    finally:
+        proxy.stop()
+
+
 @pytest.mark.parametrize("when", ["journaled", "copying", "deleting"])
 def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     mount_factory: MountFactory,
@@ -464,19 +485,12 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     about a second, so the daemon is killed while they run: right after the rename
     returned (its record durable), with half of the copies made, or with half of the
     sources deleted. The next mount finishes the move."""
-    from benchmarks.shaping import ShapingProxy
-
-    bucket = gcs_client.bucket(bucket_name)
     tree = {f"t/d{i % 4}/f{i}": str(i).encode() * 100 for i in range(64)}
-    for name, data in {"t/": b"", **tree}.items():
-        bucket.blob(name).upload_from_string(data)
-    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
-    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
     cache = f"--cache-dir={tmp_path / 'cache'}"
     moves = tmp_path / "cache" / "tierfs-writeback"
-    try:
+    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
         mount = mount_factory(
-            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={proxy.endpoint}"
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
         )
         os.rename(mount.path / "t", mount.path / "final")
         if when == "journaled":
@@ -502,8 +516,6 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
                 assert time.monotonic() < deadline, "the move never got there"
                 time.sleep(0.005)
             kill_daemon(mount)
-    finally:
-        proxy.stop()
     assert list(moves.rglob("moves/*.json")), "killed after the move ended: nothing tested"
     again = mount_factory("--write-back", "--implicit-dirs", cache, name="mnt")
     expected = {"final/" + name[2:]: data for name, data in tree.items()}
@@ -524,20 +536,11 @@ def test_files_read_while_their_directory_rename_moves_them_read_whole(
     object under the old name, the new one, or both): every byte right, no ESTALE."""
     import concurrent.futures
 
-    from benchmarks.shaping import ShapingProxy
-
-    bucket = gcs_client.bucket(bucket_name)
     tree = {f"t/d{i % 8}/f{i}": os.urandom(1000 + i) for i in range(200)}
-    for name, data in {"t/": b"", **tree}.items():
-        bucket.blob(name).upload_from_string(data)
-    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
-    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
-    try:
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
         mount = mount_factory(
-            "--write-back",
-            "--implicit-dirs",
-            f"--cache-dir={tmp_path / 'cache'}",
-            f"--custom-endpoint={proxy.endpoint}",
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
         )
         for name in list(tree)[::2]:  # half of them known to the mount before the rename
             assert (mount.path / name).stat().st_size == len(tree[name])
@@ -549,8 +552,6 @@ def test_files_read_while_their_directory_rename_moves_them_read_whole(
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             assert all(pool.map(read, tree))
         assert tierfs_sync(mount).returncode == 0
-    finally:
-        proxy.stop()
     assert not [b.name for b in gcs_client.list_blobs(bucket_name, prefix="t/")]
     assert mount.errors() == []
 
@@ -565,20 +566,11 @@ def test_a_background_rename_lets_changes_to_its_tree_wait_and_sync_waits_for_it
     """While a directory rename moves its objects: a new file, an unlink and a nested
     rename in the new tree wait for the move and then happen; `tierfs sync` returns once
     the objects are moved; nothing is left under the old name."""
-    from benchmarks.shaping import ShapingProxy
-
-    bucket = gcs_client.bucket(bucket_name)
     tree = {f"t/d{i % 2}/f{i}": str(i).encode() * 50 for i in range(32)}
-    for name, data in {"t/": b"", **tree}.items():
-        bucket.blob(name).upload_from_string(data)
-    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
-    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
-    try:
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
         mount = mount_factory(
-            "--write-back",
-            "--implicit-dirs",
-            f"--cache-dir={tmp_path / 'cache'}",
-            f"--custom-endpoint={proxy.endpoint}",
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
         )
         os.rename(mount.path / "t", mount.path / "final")
         assert stats(mount)["writeback"]["moving"] == 1
@@ -587,8 +579,6 @@ def test_a_background_rename_lets_changes_to_its_tree_wait_and_sync_waits_for_it
         os.rename(mount.path / "final" / "d1", mount.path / "final" / "one")
         assert tierfs_sync(mount).returncode == 0
         assert stats(mount)["writeback"]["moving"] == 0
-    finally:
-        proxy.stop()
     expected = {
         "final/" + name[2:].replace("d1/", "one/"): data
         for name, data in tree.items()
