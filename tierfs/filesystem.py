@@ -90,7 +90,7 @@ STREAM_QUEUE_WRITES = 8
 # a time, so many uploaders serve small files without a save of big ones costing memory.
 LARGE_UPLOAD_BYTES = 8 << 20
 LARGE_UPLOADS = 4
-MOVES_AT_UNMOUNT_S = 300.0  # unmount waits this long for uploads and background renames
+MOVES_AT_UNMOUNT_S = 300.0  # unmount waits this long for background renames (journaled)
 SYNC_UPLOADS = 16  # uploads at a time for `tierfs sync`, unmount and SIGTERM
 BLOCK_SIZE = 4096
 RENAME_NOREPLACE = 1
@@ -1660,7 +1660,7 @@ class Filesystem:
 
     # -- shutdown ---------------------------------------------------------------------------------
 
-    async def sync_all(self, path: str = "") -> None:
+    async def sync_all(self, path: str = "", *, moves: bool = True) -> None:
         """Upload every dirty file now (``tierfs sync``, unmount, SIGTERM), write-back ones
         included; only ``path`` and what is below it, if given; SYNC_UPLOADS at a time (a
         save of small files is request latency, one by one it took 6 ms a file). Errors
@@ -1690,8 +1690,8 @@ class Filesystem:
             log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:
             raise failures[0]
-        for moving in self.pending_moves.covering(path):  # durable means moved too
-            await moving.wait()
+        for moving in self.pending_moves.covering(path) if moves else []:
+            await moving.wait()  # durable means moved too
 
     async def finish(self) -> None:
         """At unmount, while background tasks still run: upload every dirty file, let the
@@ -1699,10 +1699,12 @@ class Filesystem:
         reads those files from local disk, directly. An upload error is logged, not raised:
         the daemon is going away either way (a write-back journal keeps the file)."""
         try:
-            with trio.move_on_after(MOVES_AT_UNMOUNT_S):
-                await self.sync_all()
+            await self.sync_all(moves=False)  # unbounded: without write-back, nothing else has them
         except Exception as err:
             log.error("pending writes could not be uploaded: %s", err)
+        with trio.move_on_after(MOVES_AT_UNMOUNT_S):  # these are journaled: bounded
+            for moving in self.pending_moves:
+                await moving.done.wait()
         if self.pending_moves:
             log.warning(
                 "unmount: %d directory rename(s) still moving objects; the next mount "
