@@ -19,6 +19,7 @@ from google.cloud import storage
 from tests.conftest import MountFactory
 from tests.mounting import TIERFS, Mount, stats
 from tierfs.emulator import Emulator
+from tierfs.writeback import Journal
 
 MiB = 1 << 20
 HOLD = "--write-back-delay-secs=3600"  # keep uploads from starting until we say so
@@ -87,8 +88,8 @@ def test_fsync_is_durable_locally_and_asks_gcs_nothing(
         handle.flush()
         os.fsync(handle.fileno())
         numbers = stats(mount)  # the control socket, not GCS
-        records = list((tmp_path / "cache" / "tierfs-writeback").rglob("*.json"))
-        assert len(records) == 1  # the journal record is on disk (the data was fdatasync'd)
+        records = Journal(tmp_path / "cache", bucket_name).pending()
+        assert len(records) == 1  # the journal record is on disk (the data was fsync'd)
         os.fsync(handle.fileno())
         assert stats(mount)["gcs"]["requests"] == numbers["gcs"]["requests"]
         assert objects(gcs_client, bucket_name) == {}  # the upload waits for the last close

@@ -13,18 +13,35 @@ import pytest
 import trio
 import trio.testing
 
+from tierfs import writeback
 from tierfs.errors import BackendError, NotFound
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
 from tierfs.uploader import MAX_YIELD_S, QUIET_S, Uploader
-from tierfs.writeback import Journal
+from tierfs.writeback import RECORD_XATTR, SPARE_FILES, Journal, Record
 
 pytestmark = pytest.mark.trio
 
 
 def journal_files(journal: Journal) -> list[str]:
-    return sorted(p.suffix for p in journal.dir.iterdir() if p.is_file())
+    """What the journal directory holds: a data file each, and a record for each committed
+    one (an attribute of its data file, or a file beside it: see `records`); the empty
+    files made ahead for the next creates (`Journal.make_spares`) are not counted."""
+    spares = journal.spare_paths()
+    data = [p for p in journal.dir.iterdir() if p.suffix == ".data" and p not in spares]
+    files = [p for p in journal.dir.iterdir() if p.is_file()]
+    other = [p.suffix for p in files if p.suffix not in (".data", ".json")]
+    return sorted([".data"] * len(data) + ["record"] * len(journal.pending()) + other)
+
+
+@pytest.fixture(autouse=True, params=["xattr", "files"])
+def records(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with records as attributes and as files (the journal's file
+    system has no user attributes: tmpfs before Linux 6.6, some overlays)."""
+    if request.param == "files":
+        monkeypatch.setattr(writeback, "xattrs_work", lambda directory: False)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -93,7 +110,7 @@ async def test_close_commits_locally_and_the_uploader_makes_it_durable(
     await write_new(fs, "ckpt.bin", b"x" * 10_000)
     # close() returned: the bytes are on local disk, with a record; GCS has nothing yet.
     assert "ckpt.bin" not in bucket.names()
-    assert journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    assert journal_files(fs.journal) == [".data", "record"]  # type: ignore[arg-type]
     assert fs.pending_uploads() == 1
     inode = await fs.lookup(ROOT_INO, "ckpt.bin")  # visible and readable meanwhile
     handle = await fs.open(inode.ino, os.O_RDONLY)
@@ -115,7 +132,7 @@ async def test_fsync_is_local_durability(
     before = bucket.statistics()["requests"]
     await fs.fsync(handle.fh)
     assert bucket.statistics()["requests"] == before  # not one GCS request
-    assert journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    assert journal_files(fs.journal) == [".data", "record"]  # type: ignore[arg-type]
     assert fs.pending_uploads() == 1
     await fs.write(handle.fh, 7, b" again")  # written after the fsync: committed again
     await fs.fsync(handle.fh)
@@ -344,7 +361,7 @@ async def test_failed_upload_is_counted_retried_and_reported(
     stats = fs.statistics()["writeback"]
     assert (stats["failed"], stats["failing"], stats["pending"]) == (1, 1, 1)
     assert "f" not in bucket.names()
-    assert journal_files(fs.journal) == [".data", ".json"]  # type: ignore[arg-type]
+    assert journal_files(fs.journal) == [".data", "record"]  # type: ignore[arg-type]
     with pytest.raises(BackendError):  # `tierfs sync` reports it (and tries again)
         await fs.sync_all()
     await settle(fs)  # the retry, 60 s later, succeeds
@@ -497,3 +514,103 @@ async def test_uploads_yield_while_a_file_is_open_for_writing(
             await trio.sleep(0.01)
         assert 2 <= started[0] - start <= 2 + QUIET_S + 0.01  # within QUIET_S of the close
         nursery.cancel_scope.cancel()
+
+
+async def test_a_record_is_an_attribute_of_its_data_file_where_the_disk_has_them(
+    make_fs: Callable[[], Filesystem], records: str
+) -> None:
+    fs = make_fs()
+    await write_new(fs, "f", b"one inode per file")
+    journal = fs.journal
+    assert journal is not None and journal.xattrs == (records == "xattr")
+    (record,) = journal.pending()
+    on_disk = sorted(p.name for p in journal.dir.iterdir() if p.is_file())
+    if records == "xattr":
+        assert on_disk == [f"{record.id}.data"]
+        assert b'"object": "f"' in os.getxattr(journal.data_path(record.id), RECORD_XATTR)
+    else:
+        assert on_disk == [f"{record.id}.data", f"{record.id}.json"]
+
+
+async def test_a_record_too_large_for_an_attribute_goes_to_a_file_and_is_recovered(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    fs = make_fs()
+    journal = fs.journal
+    assert journal is not None
+    record_id, fd = journal.new_file()
+    os.write(fd, b"data")
+    big = Record(record_id, "big", 0, {"k": "v" * 70_000}, None, 4)  # > 64 KiB: no xattr holds it
+    journal.commit(fd, big, durable=True)
+    os.close(fd)
+    assert journal.record_path(record_id).exists()
+    small_id, fd = journal.new_file()
+    os.write(fd, b"small")
+    journal.commit(fd, Record(small_id, "small", 0, {}, None, 5), durable=False)
+    os.close(fd)
+    fs.close()
+    done = await Journal(tmp_path / "cache", "wb").recover(bucket, trio.to_thread.run_sync)
+    assert sorted(done.uploaded) == ["big", "small"]
+    assert (bucket.get("big"), bucket.get("small")) == (b"data", b"small")
+    assert (await bucket.stat("big")).metadata["k"] == "v" * 70_000
+    assert journal_files(journal) == []
+
+
+async def test_an_unreadable_record_keeps_its_data(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, records: str
+) -> None:
+    fs = make_fs()
+    await write_new(fs, "f", b"never thrown away")
+    journal = fs.journal
+    assert journal is not None
+    (record,) = journal.pending()
+    if records == "xattr":
+        os.setxattr(journal.data_path(record.id), RECORD_XATTR, b"{not json")
+    else:
+        journal.record_path(record.id).write_bytes(b"{not json")
+    assert journal.pending() == [] and journal.uncommitted() == []
+    fs.close()
+    done = await Journal(journal.dir.parent.parent, "wb").recover(bucket, trio.to_thread.run_sync)
+    assert done.uncommitted == 0
+    assert journal.data_path(record.id).read_bytes() == b"never thrown away"
+
+
+async def wait_for_spares(fs: Filesystem) -> None:
+    deadline = time.monotonic() + 10
+    while fs._spares_coming and time.monotonic() < deadline:
+        await trio.sleep(0.01)  # a thread makes them
+
+
+async def test_spare_journal_files_are_made_ahead_and_a_crash_leaves_nothing_of_them(
+    live_fs: Filesystem, bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    fs = live_fs
+    journal = fs.journal
+    assert journal is not None
+    await write_new(fs, "a", b"first")
+    await wait_for_spares(fs)
+    assert journal.spares == SPARE_FILES
+    made_ahead = journal.spare_paths()
+    ino = await write_new(fs, "b", b"second")
+    staged = fs.inodes.by_ino[ino].staged
+    assert staged is not None and staged.record_id is not None
+    assert journal.data_path(staged.record_id) in made_ahead  # create() took one
+    await wait_for_spares(fs)
+    left = journal.spare_paths()
+    assert left and all(p.stat().st_size == 0 for p in left)
+    # kill -9 now: the next mount deletes the spares as uncommitted and uploads a and b only
+    done = await Journal(tmp_path / "cache", "wb").recover(bucket, trio.to_thread.run_sync)
+    assert sorted(done.uploaded) == ["a", "b"] and done.uncommitted == len(left)
+    assert not any(p.exists() for p in left)
+
+
+async def test_closing_the_core_removes_its_spare_files(
+    live_fs: Filesystem, bucket: MemoryBucket
+) -> None:
+    fs = live_fs
+    await write_new(fs, "a", b"x")
+    await wait_for_spares(fs)
+    assert fs.journal is not None and fs.journal.spares
+    spares = fs.journal.spare_paths()
+    fs.close()
+    assert fs.journal.spares == 0 and not any(p.exists() for p in spares)

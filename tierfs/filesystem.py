@@ -77,7 +77,7 @@ from tierfs.passthrough import Backings
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.streaming import Stream
 from tierfs.uploader import Uploader
-from tierfs.writeback import Journal, Record
+from tierfs.writeback import SPARE_FILES, Journal, Record
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
 log = logging.getLogger("tierfs.fs")
@@ -247,6 +247,7 @@ class Filesystem:
         self.pending_moves = PendingMoves()  # directory renames moving objects in the background
         self._remote_readers: dict[str, Inode] = {}  # old object name -> inode reading it
         self._streams = 0
+        self._spares_coming = False  # a thread is making spare journal files
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {
             "committed": 0,
@@ -703,6 +704,7 @@ class Filesystem:
         self.owned.added(path)
         with self._staging():
             inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+        self._make_spares()
         if self.settings.create_empty_file:
             await self._upload(inode, object_name)
         elif self.spawn is not None and self._streams < self.settings.max_streams:
@@ -1016,11 +1018,13 @@ class Filesystem:
                 self._abandon(inode)
             assert self.journal is not None and staged.record_id is not None
             version = staged.version
-            await trio.to_thread.run_sync(
-                functools.partial(
-                    self.journal.commit, staged.fd, self._record(inode), durable=durable
-                )
+            commit = functools.partial(
+                self.journal.commit, staged.fd, self._record(inode), durable=durable
             )
+            if self.journal.inline and not durable:
+                commit()  # one fsetxattr: a thread's round trip would cost more
+            else:
+                await trio.to_thread.run_sync(commit)
             staged.committed_version = version
             if durable:
                 staged.durable_version = version
@@ -1204,6 +1208,26 @@ class Filesystem:
                     )
             except NotFound:
                 raise PreconditionFailed(inode.path) from None
+
+    def _make_spares(self) -> None:
+        """Have a thread make empty journal files ahead (`Journal.new_file`): on a disk where
+        a create costs ~1 ms, a save of small files would otherwise wait for each."""
+        journal = self.journal
+        if journal is None or self.spawn is None or self._spares_coming:
+            return
+        if journal.spares >= SPARE_FILES // 2:
+            return
+        self._spares_coming = True
+
+        async def make() -> None:
+            try:
+                await trio.to_thread.run_sync(journal.make_spares, SPARE_FILES)
+            except Exception as err:  # a full disk: the next create() says so itself
+                log.debug("write-back journal: no spare files made: %s", err)
+            finally:
+                self._spares_coming = False
+
+        self.spawn(make)
 
     @contextlib.contextmanager
     def _staging(self) -> Iterator[None]:
@@ -1718,6 +1742,8 @@ class Filesystem:
         await self.blocks.seal_pending()
 
     def close(self) -> None:
+        if self.journal is not None:
+            self.journal.drop_spares()
         for inode in self.inodes.by_ino.values():
             if inode.staged is not None:
                 inode.staged.close()

@@ -3,10 +3,19 @@
 With ``write:write-back`` on, a file being written is staged in a *named* file of
 this journal directory instead of an anonymous temp file. close() (FUSE flush and
 release) then only *commits* it: a small JSON record saying which object it
-becomes (name, the generation it replaces, its metadata, its size) is written next
-to it, atomically (temp file, rename). fsync does the same durably: the data file
-is fdatasync'd, the record fsync'd before its rename and the directory after. A
-background uploader makes it durable in GCS and deletes the record.
+becomes (name, the generation it replaces, its metadata, its size) is attached to
+it, atomically. fsync does the same durably: the data file, its record with it, is
+fsync'd, then the directory. A background uploader makes it durable in GCS and
+drops the record.
+
+Where the record lives: in an extended attribute of the data file
+(``user.tierfs.record``) where the journal's file system has them (ext4, xfs, btrfs,
+tmpfs from Linux 6.6), else in a file beside it (``<id>.json``, written to a temp
+name and renamed). The attribute is one ``fsetxattr`` on the open descriptor, which
+replaces the value whole or not at all: a commit creates no second inode and needs
+no thread, and the save of many small files it ends is bound by the kernel's round
+trips, not by the journal (`Journal.inline`). A record too large for an attribute
+goes to a file; recovery reads both.
 
 What survives what: a daemon crash (kill -9) loses nothing whose close returned
 (the kernel's page cache holds it); a machine crash loses nothing whose fsync
@@ -39,8 +48,9 @@ finished after the uploads.
 Data files without a record were never committed (their close() had not
 returned): they are deleted. Layout::
 
-    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.data   the staged bytes
-    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.json   the record
+    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.data   the staged bytes (and the
+                                                             record, as an attribute)
+    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.json   the record, where no attribute
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/conflicts/  kept, never uploaded
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/moves/      directory renames under way
 
@@ -51,6 +61,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -72,6 +83,11 @@ log = logging.getLogger("tierfs.writeback")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _CHUNK = 8 << 20
+RECORD_XATTR = "user.tierfs.record"
+SPARE_FILES = 32  # empty data files made ahead by a thread, so create() need not wait
+# setxattr errors that mean "no attribute here" (this file system, or this record's size):
+# the record goes to a file instead.
+_NO_XATTR = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG, errno.ERANGE}
 
 
 @dataclass
@@ -122,6 +138,35 @@ def _write_record(final: Path, body: dict[str, object], *, durable: bool = True)
         _fsync_dir(final.parent)
 
 
+_UNREADABLE = Record("", "", 0)  # a record that is there but cannot be parsed
+
+
+def _encode(record: Record) -> bytes:
+    return json.dumps(vars(record), sort_keys=True).encode("utf-8")  # (asdict deep-copies)
+
+
+def _decode(raw: bytes | str) -> Record:
+    return Record(**json.loads(raw))
+
+
+def xattrs_work(directory: Path) -> bool:
+    """Whether files in ``directory`` take a user extended attribute (probed on a
+    scratch file: the answer depends on the file system and, for tmpfs, the kernel)."""
+    probe = directory / f".probe-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
+    except OSError:
+        return False
+    try:
+        os.setxattr(fd, RECORD_XATTR, b"{}")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
 def file_crc32c(path: Path | str) -> str:
     """Base64 CRC32C of a file, as GCS reports ``crc32c``."""
     checksum = google_crc32c.Checksum()
@@ -162,9 +207,10 @@ class MoveLog:
 
 
 class Journal:
-    """The write-back directory of one bucket. Blocking methods: call them from a thread."""
+    """The write-back directory of one bucket. Blocking methods: call them from a thread
+    (but `commit` of a non-durable record where `inline`)."""
 
-    def __init__(self, root: Path, bucket: str) -> None:
+    def __init__(self, root: Path, bucket: str, *, xattrs: bool | None = None) -> None:
         digest = hashlib.sha256(bucket.encode("utf-8")).hexdigest()[:16]
         self.dir = Path(root) / "tierfs-writeback" / digest
         self.conflicts_dir = self.dir / "conflicts"
@@ -173,6 +219,17 @@ class Journal:
             directory.mkdir(mode=_DIR_MODE, exist_ok=True)
             os.chmod(directory, _DIR_MODE)
         self.moves = MoveLog(self.dir)
+        # Records as attributes of their data files (None: wherever the file system can).
+        self.xattrs = xattrs_work(self.dir) if xattrs is None else xattrs
+        self._spares: list[tuple[str, int]] = []  # (id, fd) of empty data files
+        log.debug("write-back journal %s: records %s", self.dir,
+                  "as extended attributes" if self.xattrs else "in files")
+
+    @property
+    def inline(self) -> bool:
+        """A commit without fsync is one ``fsetxattr``: cheaper than a thread's round trip,
+        so the event loop makes it itself."""
+        return self.xattrs
 
     def data_path(self, record_id: str) -> Path:
         return self.dir / f"{record_id}.data"
@@ -181,7 +238,35 @@ class Journal:
         return self.dir / f"{record_id}.json"
 
     def new_file(self) -> tuple[str, int]:
-        """A new empty data file: (id, fd opened read-write)."""
+        """A new empty data file: (id, fd opened read-write). A spare one if there is one
+        (`make_spares`): creating a file costs a local disk from 10 us to ~1 ms, and a
+        create() should not wait for it."""
+        try:
+            return self._spares.pop()
+        except IndexError:
+            return self._create()
+
+    @property
+    def spares(self) -> int:
+        return len(self._spares)
+
+    def spare_paths(self) -> set[Path]:
+        return {self.data_path(record_id) for record_id, _ in list(self._spares)}
+
+    def make_spares(self, count: int) -> None:
+        """Create empty data files until ``count`` wait (blocking: from a thread, while the
+        event loop takes them). Left over after a crash, they are uncommitted files, which
+        the next mount deletes."""
+        while len(self._spares) < count:
+            self._spares.append(self._create())
+
+    def drop_spares(self) -> None:
+        while self._spares:
+            record_id, fd = self._spares.pop()
+            os.close(fd)
+            self.data_path(record_id).unlink(missing_ok=True)
+
+    def _create(self) -> tuple[str, int]:
         while True:
             record_id = secrets.token_hex(8)
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -192,48 +277,105 @@ class Journal:
             return record_id, fd
 
     def commit(self, fd: int, record: Record, *, durable: bool = True) -> None:
-        """Write the record naming the data file: after this returns, a daemon crash loses
-        nothing (the next mount uploads it). ``durable`` (fsync): the data, then the
-        record, reach the disk first, so a machine crash loses nothing either."""
+        """Attach the record naming the data file: after this returns, a daemon crash loses
+        nothing (the next mount uploads it). ``durable`` (fsync): the data and the record
+        reach the disk first, so a machine crash loses nothing either."""
+        if self.xattrs and self._attach(fd, record):
+            if durable:
+                os.fsync(fd)  # the data, its size and the attribute: all of the inode
+                _fsync_dir(self.dir)  # and the data file's name
+            return
         if durable:
             os.fdatasync(fd)
-        self.write_record(record, durable=durable)
+        _write_record(self.record_path(record.id), asdict(record), durable=durable)
 
     def write_record(self, record: Record, *, durable: bool = True) -> None:
+        """Replace a committed record (a rename gave its file a new object name)."""
+        if self.xattrs:
+            try:
+                fd = os.open(self.data_path(record.id), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass  # uploaded and discarded meanwhile: nothing to point elsewhere
+            else:
+                try:
+                    self.commit(fd, record, durable=durable)
+                finally:
+                    os.close(fd)
+                return
         _write_record(self.record_path(record.id), asdict(record), durable=durable)
+
+    def _attach(self, fd: int, record: Record) -> bool:
+        """The record as the data file's attribute; False where it does not fit (a file
+        then holds it). A record file left by an earlier commit goes: one record each."""
+        try:
+            os.setxattr(fd, RECORD_XATTR, _encode(record))
+        except OSError as err:
+            if err.errno not in _NO_XATTR:
+                raise
+            return False
+        return True
 
     def done(self, record_id: str) -> None:
         """The upload of this record is in GCS: drop the record (the data file stays while
         the staged file is open; `discard` removes it)."""
+        if self.xattrs:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                os.removexattr(self.data_path(record_id), RECORD_XATTR)
         with contextlib.suppress(FileNotFoundError):
             self.record_path(record_id).unlink()
 
     def discard(self, record_id: str) -> None:
         """Remove a record and its data (uploaded and closed, or unlinked before upload)."""
-        self.done(record_id)
         with contextlib.suppress(FileNotFoundError):
-            self.data_path(record_id).unlink()
+            self.data_path(record_id).unlink()  # an attribute goes with its file
+        with contextlib.suppress(FileNotFoundError):
+            self.record_path(record_id).unlink()
 
     def pending(self) -> list[Record]:
         """Every committed record, oldest first; uncommitted leftovers are deleted."""
-        records: list[tuple[float, Record]] = []
-        for path in self.dir.iterdir():
-            if path.name.endswith(".json.tmp"):
-                path.unlink(missing_ok=True)
-            elif path.suffix == ".json":
-                try:
-                    raw = json.loads(path.read_text(encoding="utf-8"))
-                    record = Record(**raw)
-                except (ValueError, TypeError) as err:
-                    log.error("write-back journal: unreadable record %s (%s); kept", path, err)
-                    continue
-                records.append((path.stat().st_mtime, record))
-        return [r for _, r in sorted(records, key=lambda item: item[0])]
+        return self._scan()[0]
 
     def uncommitted(self) -> list[Path]:
         """Data files no record names: writes whose close() never returned."""
-        named = {p.stem for p in self.dir.glob("*.json")}
-        return [p for p in self.dir.glob("*.data") if p.stem not in named]
+        return self._scan()[1]
+
+    def _scan(self) -> tuple[list[Record], list[Path]]:
+        """(records oldest first, data files without one). A record is a data file's
+        attribute or an ``<id>.json`` beside it; a half-written ``.json.tmp`` never was."""
+        found: dict[str, tuple[float, Record]] = {}
+        unreadable: set[str] = set()  # kept: neither uploaded nor deleted
+        data: list[Path] = []
+        for path in self.dir.iterdir():
+            if path.name.endswith(".json.tmp"):
+                path.unlink(missing_ok=True)
+                continue
+            if path.suffix == ".json":
+                record = self._read(path, lambda p: p.read_bytes())
+            elif path.suffix == ".data":
+                data.append(path)
+                record = self._read(path, lambda p: os.getxattr(p, RECORD_XATTR))
+            else:
+                continue
+            if record is _UNREADABLE:
+                unreadable.add(path.stem)
+            elif record is not None and (path.suffix == ".data" or record.id not in found):
+                found[record.id] = (path.stat().st_mtime, record)  # an attribute wins
+        records = [r for _, r in sorted(found.values(), key=lambda item: item[0])]
+        return records, [p for p in data if p.stem not in found and p.stem not in unreadable]
+
+    @staticmethod
+    def _read(path: Path, raw: Callable[[Path], bytes]) -> Record | None:
+        try:
+            return _decode(raw(path))
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            if err.errno in (errno.ENODATA, *_NO_XATTR):
+                return None  # no attribute: not committed (or its record is a file)
+            raise
+        except (ValueError, TypeError) as err:
+            log.error("write-back journal: unreadable record of %s (%s); kept", path, err)
+            return _UNREADABLE
 
     def keep_conflict(self, record: Record) -> Path:
         """Move a record's data aside for the user (never uploaded, never deleted)."""

@@ -29,6 +29,7 @@ import errno
 import mimetypes
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 
 import trio
@@ -182,9 +183,9 @@ class Staged:
 def format_mtime(mtime_ns: int) -> str:
     """RFC 3339 with nanoseconds in UTC, as gcsfuse writes ``gcsfuse_mtime``."""
     seconds, nanos = divmod(mtime_ns, 1_000_000_000)
-    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))  # (datetime: 3x slower)
     fraction = f"{nanos:09d}".rstrip("0")
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+    return stamp + (f".{fraction}" if fraction else "") + "Z"
 
 
 def parse_mtime(metadata: Mapping[str, str], updated_s: float) -> int:
