@@ -1,0 +1,184 @@
+"""Directories in the filesystem core: listings, mkdir and rmdir.
+
+Listings merge what GCS lists with what this mount made and has not uploaded,
+and may be kept by the kernel (``kernel-list-cache-ttl-secs``). With write-back,
+mkdir is local (`tierfs.owned`: the placeholder goes up with the files) and
+names under a directory made here are answered without GCS.
+
+A mixin of `tierfs.filesystem.Filesystem`: it shares that class's state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tierfs.errors import AlreadyExists, NotADirectory, NotEmpty, NotFound, PreconditionFailed
+from tierfs.handles import DirHandle
+from tierfs.inodes import ROOT_INO, Inode, Kind
+from tierfs.namespace import DirListing, Found
+from tierfs.writer import Staged, parse_mtime
+
+if TYPE_CHECKING:
+    from tierfs.filesystem import Filesystem
+
+    _Base = Filesystem
+else:
+    _Base = object
+
+
+class Directories(_Base):
+    """opendir/readdir/releasedir, mkdir and rmdir."""
+
+    def opendir(self, ino: int) -> int:
+        inode = self._dir(ino)
+        self.dir_counts["opens"] += 1
+        return self.dirs.add(DirHandle(self.dirs.next_number(), inode)).fh
+
+    def kernel_may_keep_listing(self, fh: int) -> bool:
+        """Whether the kernel may keep the listing it cached of this handle's directory
+        (``kernel-list-cache-ttl-secs``): only while the listing it was last given is still
+        the one kept here, that is within the TTL and with no change made through this
+        mount since. Otherwise the kernel drops its copy and asks again."""
+        listings = self.names.listings
+        inode = self.dirs[fh].inode
+        given = self._listed.get(inode.path)
+        keep = (
+            listings is not None
+            and given is not None
+            and listings.get(inode.path) is given[0]
+            and self.inodes.by_path.get(inode.path) is inode
+            and not self.pending_moves
+        )
+        if keep:
+            self.dir_counts["kept"] += 1
+        return keep
+
+    async def readdir(self, fh: int, start: int) -> list[tuple[str, Inode, int]]:
+        """Entries from offset ``start``: (name, inode, next offset)."""
+        handle = self.dirs[fh]
+        if handle.entries is None or start == 0:
+            self.dir_counts["listings_served"] += 1
+            handle.entries = await self._list(handle.inode)
+        return [
+            (name, inode, index)
+            for index, (name, inode) in enumerate(handle.entries[start:], start + 1)
+        ]
+
+    def releasedir(self, fh: int) -> None:
+        self.dirs.pop(fh)
+
+    async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
+        source = self.pending_moves.source_of(directory.path) if self.pending_moves else None
+        old = None
+        if source is not None:
+            # The old prefix first: an object moved between the two listings is in both,
+            # never in neither (it is copied before it is deleted).
+            old = await self.names.list_dir(source, fresh=True)
+        listing = await self.names.list_dir(directory.path, fresh=old is not None)
+        entries = self._reuse_listed(directory.path, listing)
+        if entries is None:
+            entries = []
+            for part in listing.dirs:
+                path = self.names.child_path(directory.path, part)
+                inode = self.inodes.current(path)
+                if inode is None or inode.kind is not Kind.DIR:
+                    inode = self.inodes.make(
+                        Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns
+                    )
+                entries.append((part, inode))
+            for entry_name, info in listing.files:
+                path = self.names.child_path(directory.path, entry_name)
+                entries.append((entry_name, await self._file_inode(path, info)))
+            if self.names.listings is not None and not self.pending_moves:
+                paths = [inode.path for _, inode in entries]  # (else a new object each time)
+                self._listed[directory.path] = (listing, entries, paths)
+        if self.pending_moves:
+            entries = await self._list_moving(directory, entries, old)
+        local = [
+            inode
+            for inode in self.inodes.children(directory.path)
+            if inode.staged is not None or inode.local_only
+        ]
+        if not local:
+            return entries
+        seen = {name for name, _ in entries}
+        return entries + [(inode.name, inode) for inode in local if inode.name not in seen]
+
+    def _reuse_listed(self, dir_path: str, listing: DirListing) -> list[tuple[str, Inode]] | None:
+        """The entries built from this very listing last time, if each is still the current
+        inode of its path. A kept listing (``kernel-list-cache-ttl-secs``) is the same object
+        at every ``ls``; rebuilding its inodes was half of a warm ``ls -lR``'s daemon time."""
+        kept = self._listed.get(dir_path)
+        if kept is None or kept[0] is not listing:
+            return None
+        current = self.inodes.by_path.get
+        for (_, inode), path in zip(kept[1], kept[2], strict=True):
+            # Still this path's inode, and still at this path (not renamed meanwhile).
+            if current(path) is not inode or inode.path != path:
+                return None
+        return kept[1]
+
+    async def mkdir(self, parent_ino: int, name: str) -> Inode:
+        path = self._new_path(parent_ino, name)
+        await self._settle(path)
+        if self.journal is not None:
+            return await self._mkdir_local(path)
+        try:
+            info = await self.bucket.write_bytes(
+                self.names.dir_object(path), b"", if_generation_match=0
+            )
+        except PreconditionFailed:
+            self.names.forget(path)
+            raise AlreadyExists(path) from None
+        self.names.learned(path, Found(True, info, placeholder=True))
+        inode = self.inodes.make(
+            Kind.DIR, path, mtime_ns=parse_mtime(info.metadata, info.updated_s), placeholder=True
+        )
+        self.inodes.remember(inode)
+        self.owned.added(path)
+        return inode
+
+    async def _mkdir_local(self, path: str) -> Inode:
+        """mkdir with write-back: no GCS request. The kernel has just looked the name up;
+        the placeholder object is a journal record of an empty file, uploaded with the
+        files (and moved with the directory if it is renamed first)."""
+        self.uploads.busy()
+        current = self.inodes.current(path)
+        if current is not None and not current.unlinked:
+            raise AlreadyExists(path)
+        inode = self.inodes.make(Kind.DIR, path, mtime_ns=self.clock_ns(), placeholder=True)
+        with self._staging():
+            inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+        self.names.forget(path)  # a negative entry, and the parent's kept listing
+        self.owned.made(path)
+        self.inodes.remember(inode)
+        await self._commit(inode)
+        self._queue_if_closed(inode)
+        return inode
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        await self._settle(self.names.child_path(self._dir(parent_ino).path, name))
+        path, inode = await self._existing(parent_ino, name)
+        if inode.kind is not Kind.DIR:
+            raise NotADirectory(path)
+        if any(child.local_only for child in self.inodes.below(path)):
+            raise NotEmpty(path)
+        placeholder = self.names.dir_object(path)
+        owned = self.owned.children(path)
+        if owned is not None:  # made here: its own table says whether it is empty
+            if owned:
+                raise NotEmpty(path)
+        else:
+            listing = await self.bucket.list(placeholder, delimiter=None, max_results=2)
+            if any(info.name != placeholder for info in listing.objects):
+                raise NotEmpty(path)
+        async with self._lock(inode):  # (its placeholder may be uploading)
+            self._drop_staged(inode)
+            if owned is None or inode.generation:
+                try:
+                    await self.bucket.delete(placeholder)
+                except NotFound:
+                    pass  # an implicit directory: nothing to delete
+        self._removed(path)
+        self.owned.removed(path, is_dir=True)
+        self.inodes.detach(inode)

@@ -1,0 +1,482 @@
+"""The write path of the filesystem core: from a file's last close to GCS.
+
+flush, fsync and release; streaming uploads of new files while they are written;
+staging a local copy for writes; and, with write-back, the commit to the local
+journal (`tierfs.writeback`) and the background uploads (`tierfs.uploader`),
+whose success or failure comes back here. Which close publishes is decided in
+`tierfs.closes` (a forked child's or a dup's FLUSH publishes nothing).
+
+A mixin of `tierfs.filesystem.Filesystem`: it shares that class's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import mimetypes
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import trio
+
+from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.handles import FileHandle
+from tierfs.inodes import Inode, Kind
+from tierfs.namespace import Found
+from tierfs.storage import ObjectInfo
+from tierfs.streaming import Stream
+from tierfs.writeback import SPARE_FILES, Record
+from tierfs.writer import MTIME_KEY, Staged, format_mtime
+
+log = logging.getLogger("tierfs.fs")
+# Writes (FUSE sends at most 1 MiB each) queued per streaming file while its upload
+# sends a chunk: enough to keep the upload busy, small beside the chunk it buffers.
+STREAM_QUEUE_WRITES = 8
+# Write-back uploads of files over this size (the client's single-request limit; larger
+# ones are resumable, and it holds a chunk of each in memory) run at most LARGE_UPLOADS at
+# a time, so many uploaders serve small files without a save of big ones costing memory.
+LARGE_UPLOAD_BYTES = 8 << 20
+LARGE_UPLOADS = 4
+
+
+if TYPE_CHECKING:
+    from tierfs.filesystem import Filesystem
+
+    _Base = Filesystem
+else:
+    _Base = object
+
+
+class WritePath(_Base):
+    """flush, fsync, release, staging, streaming, commits and uploads."""
+
+    async def _start_stream(self, inode: Inode, object_name: str) -> None:
+        upload = await self.bucket.open_upload(
+            object_name,
+            if_generation_match=0,
+            chunk_bytes=self.settings.stream_chunk_bytes,
+            content_type=mimetypes.guess_type(object_name)[0],
+        )
+        inode.stream = Stream(upload, max_pending=STREAM_QUEUE_WRITES)
+        self._streams += 1
+        assert self.spawn is not None
+        self.spawn(inode.stream.run)
+
+    def _end_stream(self, inode: Inode) -> None:
+        """Abandon the inode's streaming upload (in the background); the staged file has
+        every byte, so the file simply becomes a staged write."""
+        stream, inode.stream = inode.stream, None
+        if stream is not None:
+            self._streams -= 1
+            assert self.spawn is not None
+            self.spawn(stream.abort)
+
+    async def _send(self, inode: Inode, staged: Staged, object_name: str) -> ObjectInfo:
+        """Make the object from the staged file: by finishing its stream if it has one that
+        holds every byte, else by uploading the file whole."""
+        stream, inode.stream = inode.stream, None
+        if stream is not None:
+            self._streams -= 1
+            if staged.size < self.settings.stream_chunk_bytes:
+                # Nothing was sent yet: one plain upload is cheaper than finishing a
+                # resumable session (and the emulator honours its precondition).
+                await stream.abort()
+            elif stream.offset == staged.size and not staged.clobbered:
+                version = staged.version
+                try:
+                    info = await stream.finish()
+                except PreconditionFailed:
+                    raise
+                except Exception as err:
+                    log.warning(
+                        "gs://%s: streaming upload failed (%s); uploading whole", object_name, err
+                    )
+                else:
+                    staged.base_generation = info.generation
+                    staged.uploaded_version = version
+                    return info
+            else:
+                await stream.abort()
+        return await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
+
+    async def flush(self, fh: int, *, last: bool = True) -> None:
+        """close() of one descriptor. One that is not the file's last close (``last``
+        False: a forked child's exit, a dup'd fd; see tierfs.closes) publishes nothing
+        without write-back, so no partial object appears: release uploads what is left."""
+        if not last and self.journal is None:
+            self.flushes_held += 1
+            return
+        await self._persist(self.files[fh].inode)
+
+    async def fsync(self, fh: int) -> None:
+        """Without write-back: upload now. With write-back: the data and its journal record
+        are durable on the local tier when this returns (the upload waits for the last
+        close); ``write:fsync-to-gcs`` makes it wait for GCS too (and retry a failed
+        background upload: its error is this call's error)."""
+        inode = self.files[fh].inode
+        if self.journal is not None and not self.settings.fsync_to_gcs:
+            await self._commit(inode, durable=True)
+        else:
+            await self._sync(inode)
+
+    async def release(self, fh: int) -> None:
+        handle = self.files.pop(fh)
+        if handle is None:
+            return
+        self._observe(handle.inode)  # what the kernel wrote directly, before it lets go
+        self._release_backing(handle)  # first: a next open must see the kernel's state
+        try:
+            await self._persist(handle.inode)
+        except Exception as err:
+            # The kernel does not wait for RELEASE: nobody else will hear of this.
+            log.warning("%s: upload at the last close failed: %s", handle.inode.path, err)
+            raise
+        finally:
+            self._close_handle(handle)
+        self._queue_if_closed(handle.inode)
+
+    async def _persist(self, inode: Inode) -> None:
+        """close() and flush(): upload now, or, with write-back, commit to the journal (a
+        flush also comes from a forked child's exit or a dup'd fd's close while the file is
+        still being written: the upload itself waits for the last release)."""
+        self.uploads.busy()
+        if self.journal is None:
+            await self._sync(inode)
+        else:
+            await self._commit(inode)
+            self._queue_if_closed(inode)  # (a path-based truncate or utime: nothing is open)
+
+    def _release_backing(self, handle: FileHandle) -> None:
+        if handle.backing_id:
+            handle.backing_id = 0
+            inode = handle.inode
+            self.backings.release(inode)
+            if inode.staged is not None and not self.backings.holds_staged(inode):
+                inode.staged.direct = False
+
+    def _observe(self, inode: Inode) -> None:
+        """Take in what the kernel wrote straight into a staged file (passthrough)."""
+        staged = inode.staged
+        if staged is not None and staged.direct:
+            mtime_ns = staged.observe()
+            if mtime_ns is not None:
+                inode.mtime_ns = mtime_ns
+
+    def _close_handle(self, handle: FileHandle) -> None:
+        self._release_backing(handle)
+        self.files.pop(handle.fh)
+        inode = handle.inode
+        inode.open_handles -= 1
+        self._writers -= handle.writable
+        if handle.reader is not None:
+            handle.reader.close()
+        self._retire(inode)
+
+    def _retire(self, inode: Inode) -> None:
+        """Let go of a closed file's staged copy once GCS has the truth: it was uploaded,
+        lost to another writer (the caller got ESTALE), or unlinked."""
+        staged = inode.staged
+        if (
+            inode.open_handles == 0
+            and staged is not None
+            and (not staged.dirty or staged.clobbered or inode.unlinked)
+        ):
+            self._drop_staged(inode)
+            if staged.clobbered:
+                self.inodes.detach(inode)
+        self.inodes.release(inode)
+
+    def _drop_staged(self, inode: Inode) -> None:
+        self._end_stream(inode)
+        staged = inode.staged
+        if staged is None:
+            return
+        staged.close()
+        inode.staged = None
+        if staged.record_id is not None and self.journal is not None:
+            self.journal.discard(staged.record_id)  # two unlinks; a conflict was moved aside
+
+    async def _sync(self, inode: Inode) -> None:
+        """Upload the inode's staged data if it has changes (fsync; flush and close unless
+        write-back is on)."""
+        async with self._lock(inode):
+            await self._sync_locked(inode)
+
+    async def _sync_locked(self, inode: Inode) -> None:
+        self._observe(inode)
+        staged = inode.staged
+        if staged is None or not staged.dirty or inode.unlinked:
+            return
+        if staged.clobbered:
+            raise PreconditionFailed(inode.path)
+        if staged.write_error:
+            self._abandon(inode)
+        await self._upload(inode, self._object_of(inode))
+
+    def _object_of(self, inode: Inode) -> str:
+        """The object an inode's staged file becomes: a directory's is its placeholder."""
+        if inode.kind is Kind.DIR:
+            return self.names.dir_object(inode.path)
+        return self.names.file_object(inode.path)
+
+    def _abandon(self, inode: Inode) -> None:
+        """A local write failed (ENOSPC...): drop the changes rather than upload a file that
+        is not what was written; a new file disappears. Raises that write's error."""
+        staged = inode.staged
+        assert staged is not None
+        code = staged.write_error
+        self._drop_staged(inode)
+        if inode.generation == 0:
+            inode.unlinked = True
+            self._removed(inode.path)
+            self.owned.removed(inode.path)
+            self.inodes.detach(inode)
+        log.error("%s: a local write failed (%s); changes dropped", inode.path, os.strerror(code))
+        raise OSError(code, os.strerror(code), inode.path)
+
+    async def _commit(self, inode: Inode, *, durable: bool = False) -> None:
+        """Commit the staged file to the journal (`_queue_if_closed` uploads it): safe from
+        a daemon crash once this returns, and with ``durable`` (fsync) from a machine crash
+        too. close() is not durable, as on a local disk: an fsync per close would cap a
+        save of small files at a few hundred per second."""
+        async with self._lock(inode):
+            self._observe(inode)
+            staged = inode.staged
+            if staged is None or not staged.dirty or inode.unlinked:
+                return
+            if staged.committed and (not durable or staged.durable_version == staged.version):
+                return
+            if staged.clobbered:
+                raise PreconditionFailed(inode.path)
+            if staged.write_error:
+                self._abandon(inode)
+            assert self.journal is not None and staged.record_id is not None
+            version = staged.version
+            commit = functools.partial(
+                self.journal.commit, staged.fd, self._record(inode), durable=durable
+            )
+            if self.journal.inline and not durable:
+                commit()  # one fsetxattr: a thread's round trip would cost more
+            else:
+                await trio.to_thread.run_sync(commit)
+            staged.committed_version = version
+            if durable:
+                staged.durable_version = version
+            self.writeback_counts["committed"] += 1
+
+    def _queue_if_closed(self, inode: Inode) -> None:
+        """With write-back, once no handle is open: queue the upload of what was committed.
+        Never while open, so no object is made from a file still being written."""
+        staged = inode.staged
+        if (
+            self.journal is not None
+            and inode.open_handles == 0
+            and not inode.unlinked
+            and staged is not None
+            and staged.committed
+            and staged.dirty
+        ):
+            self._queue_upload(inode, self.settings.write_back_delay_s)
+
+    def _record(self, inode: Inode) -> Record:
+        staged = inode.staged
+        assert staged is not None and staged.record_id is not None
+        object_name = self._object_of(inode)
+        return Record(
+            staged.record_id,
+            object_name,
+            staged.base_generation,
+            self._upload_metadata(inode),
+            mimetypes.guess_type(object_name)[0],
+            staged.size,
+        )
+
+    def _queue_upload(self, inode: Inode, delay_s: float = 0.0) -> None:
+        self.uploads.queue(inode.ino, inode, delay_s)
+
+    @staticmethod
+    def _committed_again(inode: Inode) -> bool:
+        """Written and committed again while its upload ran: upload once more (once it is
+        closed: the release of an open one queues it)."""
+        staged = inode.staged
+        return inode.open_handles == 0 and staged is not None and staged.committed and staged.dirty
+
+    async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
+        """The write-back uploader (runs until cancelled): see `tierfs.uploader`."""
+        await self.uploads.run(workers, retry_s)
+
+    def uploads_idle(self) -> bool:
+        return self.uploads.idle()
+
+    async def _upload_in_background(self, inode: Inode) -> bool:
+        """One queued upload; False when it should be tried again later."""
+        if inode.open_handles:
+            return True  # opened again while queued: its last release queues it again
+        staged = inode.staged
+        large = staged is not None and staged.size > LARGE_UPLOAD_BYTES
+        try:
+            async with self._large_uploads if large else contextlib.nullcontext():
+                await self._sync(inode)
+        except PreconditionFailed:
+            log.error(
+                "write-back: gs://%s was changed by another client; this mount's version "
+                "is kept in %s",
+                self.names.file_object(inode.path),
+                self.journal.conflicts_dir if self.journal else "?",
+            )
+        except Exception as err:
+            self.writeback_counts["failed"] += 1
+            self._failed[inode.ino] = f"{self.names.file_object(inode.path)}: {err}"
+            log.error("write-back: upload of gs://%s failed, will retry: %s", inode.path, err)
+            return False
+        self._retire(inode)
+        return True
+
+    def _upload_metadata(self, inode: Inode) -> dict[str, str]:
+        if inode.kind is Kind.DIR:
+            return {}  # a placeholder, as mkdir writes it
+        metadata = dict(inode.metadata)
+        metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
+        return metadata
+
+    async def _upload(self, inode: Inode, object_name: str) -> None:
+        if inode.remote is not None:  # its object is still being moved to this name
+            await self._settle(inode.path)
+        staged = inode.staged
+        assert staged is not None
+        try:
+            info = await self._send(inode, staged, object_name)
+        except PreconditionFailed:
+            if inode.kind is Kind.DIR:  # another client made this directory too: it exists
+                info = await self.bucket.stat(object_name)
+                staged.uploaded_version = staged.version
+                await self._uploaded_placeholder(inode, staged, info)
+                return
+            staged.clobbered = True
+            self.names.forget(inode.path)
+            if staged.committed_version is not None:
+                # close() already said yes to these bytes: keep them for the user.
+                assert self.journal is not None
+                self.writeback_counts["conflicts"] += 1
+                with contextlib.suppress(FileNotFoundError):
+                    await trio.to_thread.run_sync(self.journal.keep_conflict, self._record(inode))
+            raise
+        if inode.kind is Kind.DIR:
+            await self._uploaded_placeholder(inode, staged, info)
+            return
+        self.names.learned(inode.path, Found(False, info))
+        await self._uploaded(inode, staged)
+        if self.spawn is not None and self.settings.file_cache:
+            self._cache_upload(staged, object_name, info)
+        inode.generation = info.generation
+        inode.metageneration = info.metageneration
+        inode.size = info.size
+        inode.metadata = dict(info.metadata)
+        inode.crc32c = info.crc32c
+
+    async def _uploaded(self, inode: Inode, staged: Staged) -> None:
+        """An upload of a staged file succeeded: its journal record is done."""
+        self._failed.pop(inode.ino, None)
+        if staged.committed_version is not None:
+            assert self.journal is not None and staged.record_id is not None
+            if staged.uploaded_version >= staged.committed_version:
+                await trio.to_thread.run_sync(self.journal.done, staged.record_id)
+            self.writeback_counts["uploaded"] += 1
+
+    async def _uploaded_placeholder(self, inode: Inode, staged: Staged, info: ObjectInfo) -> None:
+        self.names.learned(inode.path, Found(True, info, placeholder=True))
+        await self._uploaded(inode, staged)
+        inode.generation = info.generation
+        inode.metageneration = info.metageneration
+
+    def _cache_upload(self, staged: Staged, object_name: str, info: ObjectInfo) -> None:
+        """Keep what was just uploaded in the SSD tier too (in the background, from a dup of
+        the staged file, which may be closed meanwhile), unless it is written again first."""
+        assert self.spawn is not None
+        version = staged.uploaded_version  # what the file held when the upload began
+        if staged.version != version:
+            return  # written during the upload: the object is not what the file holds
+        fd = os.dup(staged.fd)
+        if not self._copying:
+            self._copies_idle = trio.Event()
+        self._copying += 1
+
+        async def store() -> None:
+            try:
+                await self.blocks.store_local(
+                    fd, object_name, info.generation, info.size, lambda: staged.version == version
+                )
+            except Exception as err:  # a cache that could not be filled is only a miss later
+                log.warning("could not cache the upload of gs://%s: %s", object_name, err)
+            finally:
+                os.close(fd)
+                self._copying -= 1
+                if not self._copying:
+                    self._copies_idle.set()
+
+        self.spawn(store)
+
+    async def _stage(self, inode: Inode, length: int) -> None:
+        """Give a clean file inode a local copy of (the first ``length`` bytes of) its object."""
+        async with self._lock(inode):
+            if inode.staged is not None:
+                return
+            if inode.generation == 0:
+                with self._staging():
+                    inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+                return
+            info = ObjectInfo(
+                self.names.file_object(inode.path),
+                inode.size,
+                inode.generation,
+                inode.metageneration,
+            )
+            try:
+                with self._staging():
+                    inode.staged = await Staged.from_object(
+                        self.bucket,
+                        info,
+                        self.settings.temp_dir,
+                        min(length, inode.size),
+                        self.journal,
+                    )
+            except NotFound:
+                raise PreconditionFailed(inode.path) from None
+
+    def _make_spares(self) -> None:
+        """Have a thread make empty journal files ahead (`Journal.new_file`): on a disk where
+        a create costs ~1 ms, a save of small files would otherwise wait for each."""
+        journal = self.journal
+        if journal is None or self.spawn is None or self._spares_coming:
+            return
+        if journal.spares >= SPARE_FILES // 2:
+            return
+        self._spares_coming = True
+
+        async def make() -> None:
+            try:
+                await trio.to_thread.run_sync(journal.make_spares, SPARE_FILES)
+            except Exception as err:  # a full disk: the next create() says so itself
+                log.debug("write-back journal: no spare files made: %s", err)
+            finally:
+                self._spares_coming = False
+
+        self.spawn(make)
+
+    @contextlib.contextmanager
+    def _staging(self) -> Iterator[None]:
+        """Around making a local file for writes: a failure (a full or vanished ``temp-dir``
+        or write-back directory) still reaches the caller as its errno, and is counted in
+        `tierfs stats`; the first one is also said at WARNING, since the mount itself looks
+        healthy while every create fails."""
+        try:
+            yield
+        except OSError as err:
+            self.staging_errors += 1
+            level = logging.WARNING if self.staging_errors == 1 else logging.DEBUG
+            log.log(
+                level, "cannot make a local file for writing: %s (counted in tierfs stats)", err
+            )
+            raise
