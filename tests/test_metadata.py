@@ -125,13 +125,23 @@ async def test_own_changes_are_seen_at_once(tmp_path: Path) -> None:
 
 
 async def test_implied_directory_vanishes_with_its_last_object(tmp_path: Path) -> None:
-    fs, bucket, _ = make(tmp_path, implicit_dirs=True, metadata_ttl_s=3600.0)
-    bucket.put("x/y", b"y")
-    x = await fs.lookup(ROOT_INO, "x")
-    await fs.lookup(x.ino, "y")
-    await fs.unlink(x.ino, "y")
-    with pytest.raises(NotFound) as info:
+    """Once the metadata TTL has passed (gcsfuse's type cache), or at its rmdir: until
+    then it is an empty directory, so that `rm -rf` can remove it after its files."""
+    fs, bucket, clock = make(tmp_path, implicit_dirs=True, metadata_ttl_s=60.0)
+    for name in ("x/y", "z/y"):
+        bucket.put(name, b"y")
+    for top in ("x", "z"):
+        d = await fs.lookup(ROOT_INO, top)
+        await fs.lookup(d.ino, "y")
+        await fs.unlink(d.ino, "y")
+        again = await fs.lookup(ROOT_INO, top)
+        assert again.ino == d.ino and await fs._list(again) == []
+    await fs.rmdir(ROOT_INO, "x")
+    with pytest.raises(NotFound):
         await fs.lookup(ROOT_INO, "x")
+    clock.now += 61
+    with pytest.raises(NotFound) as info:
+        await fs.lookup(ROOT_INO, "z")
     assert errno_of(info.value) == errno.ENOENT
 
 

@@ -169,13 +169,19 @@ def test_prefix_without_placeholder_needs_implicit_dirs(
     (implicit / x / "new").write_bytes(b"new")
     assert names_under(gcs_client, pair.bucket, f"{x}/") == {"y", "sub/deeper/z", "new"}
 
-    # Deleting the last objects below it makes the implicit directory vanish.
+    # Deleting the last objects below it makes the implicit directory vanish from the
+    # listing; this mount keeps it, empty, for the metadata TTL or until its rmdir (as
+    # gcsfuse's type cache does), which is what `rm -rf` makes next.
     os.unlink(implicit / x / "y")
     os.unlink(implicit / x / "new")
     os.unlink(implicit / x / "sub" / "deeper" / "z")
     assert names_under(gcs_client, pair.bucket, f"{x}/") == set()
-    raises_errno(errno.ENOENT, os.stat, implicit / x)
     assert x not in os.listdir(implicit)
+    assert os.listdir(implicit / x) == []
+    os.rmdir(implicit / x / "sub" / "deeper")
+    os.rmdir(implicit / x / "sub")
+    os.rmdir(implicit / x)
+    raises_errno(errno.ENOENT, os.stat, implicit / x)
 
     # mkdir gives the plain mount what it needs: a placeholder.
     upload(gcs_client, pair.bucket, f"{x}/again", b"again")
@@ -484,3 +490,23 @@ def test_special_characters_round_trip(area: Area, gcs_client: storage.Client) -
         assert blob_bytes(gcs_client, area.bucket, area.obj(name)) == name.encode(), name
         assert (area.implicit / name).read_bytes() == name.encode(), name
     assert sorted(os.listdir(area.implicit)) == sorted(names)
+
+
+def test_rm_rf_of_a_tree_without_placeholders_removes_it_all(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """A step saved by another tool has no directory placeholders below its top: with
+    --implicit-dirs its subdirectories exist only through their objects, and vanish with
+    the last one. The rmdir that `rm -rf` makes of each right after still succeeds (as in
+    gcsfuse), without and with write-back."""
+    import shutil
+
+    bucket = gcs_client.bucket(bucket_name)
+    for name in ("t/", *(f"t/d{i % 2}/f{i}" for i in range(6)), "u/d/f"):
+        bucket.blob(name).upload_from_string(b"x")
+    mount = mount_factory("--implicit-dirs")
+    shutil.rmtree(mount.path / "t")
+    assert os.listdir(mount.path) == ["u"]
+    assert [b.name for b in gcs_client.list_blobs(bucket_name)] == ["u/d/f"]
+    with pytest.raises(FileNotFoundError):
+        (mount.path / "t" / "d0").stat()

@@ -151,7 +151,7 @@ def test_kill_9_before_upload_then_remount_uploads_every_closed_file(
     assert objects(gcs_client, bucket_name) == {"step_1/": b"", **closed}
     assert (again.path / "model.pt").read_bytes() == closed["model.pt"]
     journal = next((tmp_path / "cache" / "tierfs-writeback").iterdir())
-    assert sorted(p.name for p in journal.iterdir()) == ["conflicts", "moves"]
+    assert sorted(p.name for p in journal.iterdir()) == ["conflicts", "deletes", "moves"]
     assert list((journal / "moves").iterdir()) == []  # nothing left over
     # A third mount finds nothing to do: nothing is uploaded twice.
     before = {b.name: b.generation for b in gcs_client.list_blobs(bucket_name)}
@@ -669,3 +669,58 @@ def test_a_save_of_more_files_than_the_usual_open_file_limit(
         assert len(list(gcs_client.list_blobs(bucket_name, prefix="step/"))) == 601
     finally:
         mount.cleanup()
+
+
+def test_rm_rf_of_a_tree_in_gcs_is_local_and_a_kill_9_loses_no_delete(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Removing an old step (Orbax's max_to_keep) while the next one is being written,
+    with write-back: each unlink returns once its delete is journaled, and the tree is gone
+    from the mount at once. The deletes yield to the save in progress (a file open for
+    writing), so all 256 objects are still in GCS when the daemon is killed; the next
+    mount deletes them before it serves anything."""
+    import shutil
+
+    bucket = gcs_client.bucket(bucket_name)
+    tree = {"t/": b"", **{f"t/d{i % 4}/f{i}": str(i).encode() for i in range(256)}}
+    for name, data in tree.items():
+        bucket.blob(name).upload_from_string(data)
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    journal = tmp_path / "cache" / "tierfs-writeback"
+    mount = mount_factory("--write-back", "--implicit-dirs", cache)
+    saving = os.open(mount.path / "step_2.tmp", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(saving, b"the next step")
+        shutil.rmtree(mount.path / "t")
+        assert sorted(os.listdir(mount.path)) == ["step_2.tmp"]
+        assert not (mount.path / "t").exists()
+        remaining = {b.name for b in gcs_client.list_blobs(bucket_name)}
+        assert remaining == set(tree) - {"t/"}  # nothing waited for GCS but the rmdirs
+        assert len(list(journal.rglob("deletes/*.json"))) == 256
+        kill_daemon(mount)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(saving)  # (the daemon is gone: ENOTCONN)
+    again = mount_factory("--write-back", "--implicit-dirs", cache, name="mnt")
+    assert objects(gcs_client, bucket_name) == {}
+    assert os.listdir(again.path) == []
+    assert list(journal.rglob("deletes/*.json")) == []
+
+
+def test_sync_after_rm_rf_means_the_objects_are_gone(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    import shutil
+
+    bucket = gcs_client.bucket(bucket_name)
+    for name in ("old/", *(f"old/f{i}" for i in range(20)), "new/", "new/f"):
+        bucket.blob(name).upload_from_string(b"" if name.endswith("/") else name.encode())
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    shutil.rmtree(mount.path / "old")
+    (mount.path / "old").mkdir()  # made again at once: waits for nothing it needs
+    (mount.path / "old" / "f0").write_bytes(b"again")
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {
+        "new/": b"", "new/f": b"new/f", "old/": b"", "old/f0": b"again"
+    }
+    assert stats(mount)["writeback"]["deleting"] == 0

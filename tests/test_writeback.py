@@ -28,9 +28,9 @@ def journal_files(journal: Journal) -> list[str]:
     """What the journal directory holds: a data file each, and a record for each committed
     one (an attribute of its data file, or a file beside it: see `records`); the empty
     files made ahead for the next creates (`Journal.make_spares`) are not counted."""
-    spares = journal.spare_paths()
-    data = [p for p in journal.dir.iterdir() if p.suffix == ".data" and p not in spares]
     files = [p for p in journal.dir.iterdir() if p.is_file()]
+    spares = journal.spare_paths()  # after the listing: a spare it saw is known by now
+    data = [p for p in files if p.suffix == ".data" and p not in spares]
     other = [p.suffix for p in files if p.suffix not in (".data", ".json")]
     return sorted([".data"] * len(data) + ["record"] * len(journal.pending()) + other)
 
@@ -614,3 +614,130 @@ async def test_closing_the_core_removes_its_spare_files(
     spares = fs.journal.spare_paths()
     fs.close()
     assert fs.journal.spares == 0 and not any(p.exists() for p in spares)
+
+
+async def uploaded(fs: Filesystem, nursery: trio.Nursery, tree: dict[str, bytes]) -> None:
+    """Write ``tree`` (files under directories made here) and let the uploader take it all."""
+    for name, data in tree.items():
+        parent = ROOT_INO
+        *dirs, leaf = name.split("/")
+        for part in dirs:
+            try:
+                parent = (await fs.lookup(parent, part)).ino
+            except NotFound:
+                parent = (await fs.mkdir(parent, part)).ino
+        await write_new(fs, leaf, data, parent)
+    await fs.sync_all()
+
+
+async def deletes_done(fs: Filesystem) -> None:
+    deadline = time.monotonic() + 30
+    while fs.pending_deletes and time.monotonic() < deadline:
+        await trio.sleep(0.01)  # the deleter's requests run in worker threads
+    assert not fs.pending_deletes, f"{len(fs.pending_deletes)} deletes still pending"
+
+
+async def test_unlink_of_a_file_in_gcs_asks_gcs_nothing_and_a_worker_deletes_it(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
+) -> None:
+    fs = live_fs
+    await uploaded(fs, nursery, {"old.ckpt": b"old", "kept": b"kept"})
+    before = bucket.statistics()["requests"]
+    await fs.unlink(ROOT_INO, "old.ckpt")
+    assert bucket.statistics()["requests"] == before  # returned without GCS
+    assert bucket.get("old.ckpt") == b"old"  # still there: its delete waits for a worker
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "old.ckpt")
+    assert [name for name, _ in await fs._list(fs.inodes[ROOT_INO])] == ["kept"]
+    assert fs.statistics()["writeback"]["deleting"] == 1  # type: ignore[index]
+    assert fs.journal is not None and len(fs.journal.deletes.pending()) == 1
+    nursery.start_soon(fs.run_uploads, 2)
+    await deletes_done(fs)
+    assert bucket.names() == ["kept"]
+    assert fs.journal.deletes.pending() == []
+
+
+async def test_rm_rf_of_a_tree_in_gcs_returns_before_gcs_deletes_it(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
+) -> None:
+    """`rm -rf step_90`: its files, then its directories, though GCS still holds them."""
+    fs = live_fs
+    for name in ("step_90/", "step_90/d0/", "step_90/d1/", "step_90/d2/"):
+        bucket.put(name, b"")  # a step saved by an earlier mount: not made here
+    for i in range(12):
+        bucket.put(f"step_90/d{i % 3}/f{i}", bytes([i]))
+    step = await fs.lookup(ROOT_INO, "step_90")
+    for d in range(3):
+        sub = await fs.lookup(step.ino, f"d{d}")
+        for name, _ in await fs._list(sub):
+            await fs.unlink(sub.ino, name)
+        await fs.rmdir(step.ino, f"d{d}")  # empty here, though GCS still lists its files
+    await fs.rmdir(ROOT_INO, "step_90")
+    assert any(name.startswith("step_90/d") for name in bucket.names())
+    assert await fs._list(fs.inodes[ROOT_INO]) == []
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "step_90")
+    nursery.start_soon(fs.run_uploads, 4)
+    await deletes_done(fs)
+    assert bucket.names() == []
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "step_90")
+
+
+async def test_a_create_at_a_name_being_deleted_waits_for_its_delete(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
+) -> None:
+    fs = live_fs
+    await uploaded(fs, nursery, {"latest": b"step 1"})
+    await fs.unlink(ROOT_INO, "latest")
+    bucket.fail_next("delete", BackendError("503"))  # the delete is retried 50 ms later
+    nursery.start_soon(fs.run_uploads, 2, 0.05)
+    await write_new(fs, "latest", b"step 2")  # its upload must find the old object gone
+    await fs.sync_all()
+    assert bucket.get("latest") == b"step 2"
+    assert fs.writeback_counts["conflicts"] == 0
+
+
+async def test_a_background_delete_leaves_a_newer_object_of_another_client(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
+) -> None:
+    fs = live_fs
+    await uploaded(fs, nursery, {"shared": b"ours"})
+    await fs.unlink(ROOT_INO, "shared")
+    bucket.put("shared", b"theirs")  # a new generation, before our delete ran
+    nursery.start_soon(fs.run_uploads, 2)
+    await deletes_done(fs)
+    assert bucket.get("shared") == b"theirs"
+
+
+async def test_a_crash_before_the_delete_is_finished_by_the_next_mount(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    fs = live_fs
+    await uploaded(fs, nursery, {"a/gone": b"1", "a/kept": b"2"})
+    a = await fs.lookup(ROOT_INO, "a")
+    await fs.unlink(a.ino, "gone")
+    assert "a/gone" in bucket.names()
+    # kill -9 now (no deleter ran): the next mount deletes it from the journal
+    done = await Journal(tmp_path / "cache", "wb").recover(bucket, trio.to_thread.run_sync)
+    assert [d.object for d in done.deletes] == ["a/gone"]
+    assert sorted(bucket.names()) == ["a/", "a/kept"]
+    assert fs.journal is not None and fs.journal.deletes.pending() == []
+
+
+async def test_a_failing_delete_is_retried_and_stays_hidden(
+    live_fs: Filesystem, bucket: MemoryBucket, nursery: trio.Nursery
+) -> None:
+    fs = live_fs
+    await uploaded(fs, nursery, {"f": b"x"})
+    await fs.unlink(ROOT_INO, "f")
+    bucket.fail_next("delete", BackendError("503"))
+    nursery.start_soon(fs.run_uploads, 1, 0.05)
+    deadline = time.monotonic() + 10
+    while fs.delete_errors == 0 and time.monotonic() < deadline:
+        await trio.sleep(0.005)
+    assert fs.delete_errors == 1 and bucket.names() == ["f"]
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "f")  # hidden while it is retried
+    await deletes_done(fs)
+    assert bucket.names() == []

@@ -169,6 +169,7 @@ def render_statistics(data: dict[str, Any]) -> str:
         lines.append(
             f"write-back  pending {writeback['pending']}   committed {writeback['committed']}   "
             f"uploaded {writeback['uploaded']}   failed {writeback['failed']}   "
-            f"failing now {writeback['failing']}   conflicts {writeback['conflicts']}"
+            f"failing now {writeback['failing']}   conflicts {writeback['conflicts']}   "
+            f"moving {writeback.get('moving', 0)}   deleting {writeback.get('deleting', 0)}"
         )
     return "\n".join(lines)

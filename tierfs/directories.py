@@ -94,6 +94,8 @@ class Directories(_Base):
                 self._listed[directory.path] = (listing, entries, paths)
         if self.pending_moves:
             entries = await self._list_moving(directory, entries, old)
+        if self.pending_deletes:  # removed here, still in GCS until their deletes run
+            entries = [e for e in entries if not self.pending_deletes.hides(e[1].path)]
         local = [
             inode
             for inode in self.inodes.children(directory.path)
@@ -157,7 +159,8 @@ class Directories(_Base):
         return inode
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
-        await self._settle(self.names.child_path(self._dir(parent_ino).path, name))
+        # (Not for the deletes below it: `rm -rf` removes a directory right after its files.)
+        await self._settle(self.names.child_path(self._dir(parent_ino).path, name), deletes=False)
         path, inode = await self._existing(parent_ino, name)
         if inode.kind is not Kind.DIR:
             raise NotADirectory(path)
@@ -169,8 +172,16 @@ class Directories(_Base):
             if owned:
                 raise NotEmpty(path)
         else:
-            listing = await self.bucket.list(placeholder, delimiter=None, max_results=2)
-            if any(info.name != placeholder for info in listing.objects):
+            # Objects whose deletes are still running do not count: ask for enough to see
+            # past them.
+            deleting = self.pending_deletes
+            listing = await self.bucket.list(
+                placeholder, delimiter=None, max_results=2 + len(deleting.below(path))
+            )
+            if any(
+                info.name != placeholder and not deleting.deleting(info.name)
+                for info in listing.objects
+            ):
                 raise NotEmpty(path)
         async with self._lock(inode):  # (its placeholder may be uploading)
             self._drop_staged(inode)
@@ -181,4 +192,6 @@ class Directories(_Base):
                     pass  # an implicit directory: nothing to delete
         self._removed(path)
         self.owned.removed(path, is_dir=True)
+        self.pending_deletes.dir_removed(path)
+        self._emptied.pop(path, None)
         self.inodes.detach(inode)

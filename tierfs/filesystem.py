@@ -38,6 +38,7 @@ from cachetools import LRUCache
 from mount_options import Config
 from mount_options.derive import file_cache_enabled
 from tierfs.blocks import BlockReader, Blocks, Spawn
+from tierfs.deletes import Delete, PendingDeletes, delete_one
 from tierfs.directories import Directories
 from tierfs.dirmove import PendingMoves
 from tierfs.errors import (
@@ -228,6 +229,15 @@ class Filesystem(Directories, WritePath, Renames):
         )
         self._large_uploads = trio.CapacityLimiter(LARGE_UPLOADS)
         self.pending_moves = PendingMoves()  # directory renames moving objects in the background
+        # With write-back: unlinks whose GCS delete runs in the background (`tierfs.deletes`).
+        self.pending_deletes = PendingDeletes()
+        self.deletes = Uploader(
+            self._delete_in_background, lambda delete: False, writing=lambda: self._writers > 0
+        )
+        self.delete_errors = 0
+        self._delete_count = 0
+        # Implied directories this mount emptied (`_removed`): kept for their rmdir.
+        self._emptied: LRUCache[str, float] = LRUCache(maxsize=4096)  # path -> until
         self._remote_readers: dict[str, Inode] = {}  # old object name -> inode reading it
         self._streams = 0
         self._spares_coming = False  # a thread is making spare journal files
@@ -395,6 +405,8 @@ class Filesystem(Directories, WritePath, Renames):
             return current  # local state is newer than anything GCS can say
         if current is None and self.owned.absent(path):
             return None  # in a directory this mount made, and never made here
+        if self.pending_deletes and self.pending_deletes.hides(path):
+            return None  # removed here; GCS still has it until its delete runs
         if self.pending_moves:
             if self.pending_moves.hides(path):
                 return None  # renamed away; its objects may still be there, being moved
@@ -406,6 +418,13 @@ class Filesystem(Directories, WritePath, Renames):
         if current is not None and (current.local_only or current.staged is not None):
             return current
         if found is None:
+            if self._monotonic_s() < self._emptied.get(path, 0.0):
+                # An implied directory whose last object this mount removed: still there,
+                # empty, for the metadata TTL (gcsfuse's type cache), so that the rmdir
+                # `rm -rf` makes of it next succeeds (the kernel may have forgotten it).
+                if current is not None and current.kind is Kind.DIR:
+                    return current
+                return self.inodes.make(Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns)
             if current is not None:
                 self.inodes.detach(current)
             return None
@@ -419,10 +438,13 @@ class Filesystem(Directories, WritePath, Renames):
         assert found.info is not None
         return await self._file_inode(path, found.info)
 
-    async def _settle(self, *paths: str) -> None:
-        """Before a change to ``paths``: wait for the background renames covering them."""
+    async def _settle(self, *paths: str, deletes: bool = True) -> None:
+        """Before a change to ``paths``: wait for the background renames covering them and,
+        with ``deletes``, for the background deletes at or below them."""
         if self.pending_moves:
             await self.pending_moves.settled(*paths)
+        if deletes and self.pending_deletes:
+            await self.pending_deletes.settled(*paths)
 
     async def _file_inode(self, path: str, info: ObjectInfo) -> Inode:
         """The inode for one generation of a file or symlink object (reused if unchanged)."""
@@ -646,10 +668,13 @@ class Filesystem(Directories, WritePath, Renames):
             if inode.generation:
                 if inode.open_handles and inode.staged is None and inode.kind is Kind.FILE:
                     await self._stage_unlocked(inode)
-                try:
-                    await self.bucket.delete(self.names.file_object(path))
-                except NotFound:
-                    pass  # already gone: the name is gone either way
+                if self.journal is not None:
+                    await self._delete_later(path, inode.generation)
+                else:
+                    try:
+                        await self.bucket.delete(self.names.file_object(path))
+                    except NotFound:
+                        pass  # already gone: the name is gone either way
             inode.unlinked = True
             self._end_stream(inode)
             self._removed(path)
@@ -672,6 +697,48 @@ class Filesystem(Directories, WritePath, Renames):
         except NotFound:
             return
         inode.staged.uploaded_version = inode.staged.version
+
+    async def _delete_later(self, path: str, generation: int) -> None:
+        """Write-back: journal the delete of ``path``'s object and hide it; a background
+        worker deletes it from GCS (`tierfs.deletes`)."""
+        assert self.journal is not None
+        self._delete_count += 1
+        delete = Delete(
+            f"{time.time_ns():020d}-{self._delete_count}",
+            path,
+            self.names.file_object(path),
+            generation,
+        )
+        try:
+            await trio.to_thread.run_sync(self.journal.deletes.begin, delete)
+        except OSError as err:  # a full journal disk: delete now, as without write-back
+            log.debug("write-back journal: cannot record a delete (%s): deleting now", err)
+            try:
+                await self.bucket.delete(delete.object)
+            except NotFound:
+                pass
+            return
+        self.pending_deletes.add(delete)
+        self.deletes.queue(self._delete_count, delete)
+
+    async def _delete_in_background(self, delete: Delete) -> bool:
+        """One queued delete; False: try again later (it stays hidden meanwhile)."""
+        try:
+            await delete_one(self.bucket, delete)
+        except Exception as err:
+            self.delete_errors += 1
+            level = logging.WARNING if self.delete_errors == 1 else logging.DEBUG
+            log.log(
+                level, "write-back: delete of gs://%s failed, will retry: %s", delete.object, err
+            )
+            return False
+        try:
+            await trio.to_thread.run_sync(self.journal.deletes.end, delete)  # type: ignore[union-attr]
+        except OSError as err:  # the next mount deletes it again: NotFound, harmless
+            log.warning("write-back journal: cannot drop a delete record: %s", err)
+        self.pending_deletes.finished(delete)
+        self.names.removed(delete.path)  # nothing learned of it meanwhile stays
+        return True
 
     async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:
         path = self._new_path(parent_ino, name)
@@ -728,6 +795,8 @@ class Filesystem(Directories, WritePath, Renames):
                 "pending": self.pending_uploads(),
                 "failing": len(self._failed),
                 "moving": sum(1 for _ in self.pending_moves),
+                "deleting": len(self.pending_deletes),
+                "delete_errors": self.delete_errors,
                 **self.writeback_counts,
             },
         }
@@ -774,6 +843,8 @@ class Filesystem(Directories, WritePath, Renames):
             raise failures[0]
         for moving in self.pending_moves.covering(path) if moves else []:
             await moving.wait()  # durable means moved too
+        if moves:
+            await self.pending_deletes.settled(path)  # and deleted
 
     async def finish(self) -> None:
         """At unmount, while background tasks still run: upload every dirty file, let the
@@ -787,6 +858,14 @@ class Filesystem(Directories, WritePath, Renames):
         with trio.move_on_after(MOVES_AT_UNMOUNT_S):  # these are journaled: bounded
             for moving in self.pending_moves:
                 await moving.done.wait()
+            if self.deletes.running:  # (not when the loop failed: nothing deletes then)
+                await self.pending_deletes.settled("")
+        if self.pending_deletes:
+            log.warning(
+                "unmount: %d deletes not done in GCS yet; the next mount does them from the "
+                "journal",
+                len(self.pending_deletes),
+            )
         if self.pending_moves:
             log.warning(
                 "unmount: %d directory rename(s) still moving objects; the next mount "
@@ -821,6 +900,7 @@ class Filesystem(Directories, WritePath, Renames):
             if grand is None:
                 break
             self.kernel_forget(grand.ino, parent.name)
+            self._emptied[parent.path] = self._monotonic_s() + self.settings.metadata_ttl_s
             parent = grand
 
     def _new_path(self, parent_ino: int, name: str) -> str:

@@ -79,6 +79,11 @@ class Uploader(Generic[T]):
         else:
             self._send.send_nowait((key, item))
 
+    @property
+    def running(self) -> bool:
+        """Whether workers are taking items (`run` is under way)."""
+        return self._nursery is not None
+
     def idle(self) -> bool:
         """No upload queued, running or waiting to be retried."""
         return not self._queued and not self._running

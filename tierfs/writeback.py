@@ -42,8 +42,8 @@ it serves anything. For each record it looks at the object in GCS:
   ``conflicts/`` in the journal directory and an ERROR names it. It is never
   uploaded over the other client's object, and never thrown away.
 
-A directory rename is journaled too (``moves/``, see `tierfs.dirmove`) and
-finished after the uploads.
+A directory rename is journaled too (``moves/``, see `tierfs.dirmove`), and so is an
+unlink (``deletes/``, see `tierfs.deletes`): both are finished after the uploads.
 
 Data files without a record were never committed (their close() had not
 returned): they are deleted. Layout::
@@ -53,6 +53,7 @@ returned): they are deleted. Layout::
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/<id>.json   the record, where no attribute
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/conflicts/  kept, never uploaded
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/moves/      directory renames under way
+    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/deletes/    unlinks whose GCS delete runs
 
 Files are 0600 and directories 0700: they hold the user's data.
 """
@@ -74,6 +75,7 @@ from pathlib import Path
 
 import google_crc32c
 
+from tierfs.deletes import Delete, recover_deletes
 from tierfs.dirmove import Move, recover_moves
 from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
@@ -112,6 +114,7 @@ class Recovery:
     failed: list[tuple[str, str]] = field(default_factory=list)
     uncommitted: int = 0
     moves: list[Move] = field(default_factory=list)  # directory renames finished
+    deletes: list[Delete] = field(default_factory=list)  # unlinks whose GCS delete it did
 
 
 def _fsync_dir(path: Path) -> None:
@@ -206,6 +209,33 @@ class MoveLog:
         return moves
 
 
+class DeleteLog:
+    """The journaled deletes of one write-back journal (`tierfs.deletes`). Blocking
+    methods: call them from a thread."""
+
+    def __init__(self, journal_dir: Path) -> None:
+        self.dir = journal_dir / "deletes"
+        self.dir.mkdir(mode=_DIR_MODE, exist_ok=True)
+
+    def begin(self, delete: Delete) -> None:
+        """Record a delete before unlink returns (not fsync'd, like a close's record)."""
+        _write_record(self.dir / f"{delete.id}.json", delete.record(), durable=False)
+
+    def end(self, delete: Delete) -> None:
+        (self.dir / f"{delete.id}.json").unlink(missing_ok=True)
+
+    def pending(self) -> list[Delete]:
+        deletes = []
+        for leftover in self.dir.glob("*.json.tmp"):
+            leftover.unlink(missing_ok=True)  # never recorded: that unlink never returned
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                deletes.append(Delete(**json.loads(path.read_text(encoding="utf-8"))))
+            except (ValueError, TypeError) as err:
+                log.error("write-back journal: unreadable delete record %s (%s); kept", path, err)
+        return deletes
+
+
 class Journal:
     """The write-back directory of one bucket. Blocking methods: call them from a thread
     (but `commit` of a non-durable record where `inline`)."""
@@ -219,11 +249,16 @@ class Journal:
             directory.mkdir(mode=_DIR_MODE, exist_ok=True)
             os.chmod(directory, _DIR_MODE)
         self.moves = MoveLog(self.dir)
+        self.deletes = DeleteLog(self.dir)
         # Records as attributes of their data files (None: wherever the file system can).
         self.xattrs = xattrs_work(self.dir) if xattrs is None else xattrs
         self._spares: list[tuple[str, int]] = []  # (id, fd) of empty data files
-        log.debug("write-back journal %s: records %s", self.dir,
-                  "as extended attributes" if self.xattrs else "in files")
+        self._making: set[str] = set()  # ids of spares a thread is creating
+        log.debug(
+            "write-back journal %s: records %s",
+            self.dir,
+            "as extended attributes" if self.xattrs else "in files",
+        )
 
     @property
     def inline(self) -> bool:
@@ -251,14 +286,23 @@ class Journal:
         return len(self._spares)
 
     def spare_paths(self) -> set[Path]:
-        return {self.data_path(record_id) for record_id, _ in list(self._spares)}
+        """The spare data files, made or being made."""
+        ids = {record_id for record_id, _ in list(self._spares)} | set(self._making)
+        return {self.data_path(record_id) for record_id in ids}
 
     def make_spares(self, count: int) -> None:
         """Create empty data files until ``count`` wait (blocking: from a thread, while the
         event loop takes them). Left over after a crash, they are uncommitted files, which
         the next mount deletes."""
         while len(self._spares) < count:
-            self._spares.append(self._create())
+            record_id = secrets.token_hex(8)
+            self._making.add(record_id)  # (so a spare is never on disk yet unknown)
+            try:
+                self._spares.append((record_id, self._open_new(record_id)))
+            except FileExistsError:
+                continue
+            finally:
+                self._making.discard(record_id)
 
     def drop_spares(self) -> None:
         while self._spares:
@@ -269,12 +313,14 @@ class Journal:
     def _create(self) -> tuple[str, int]:
         while True:
             record_id = secrets.token_hex(8)
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
-                fd = os.open(self.data_path(record_id), flags, _FILE_MODE)
+                return record_id, self._open_new(record_id)
             except FileExistsError:
                 continue
-            return record_id, fd
+
+    def _open_new(self, record_id: str) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(self.data_path(record_id), flags, _FILE_MODE)
 
     def commit(self, fd: int, record: Record, *, durable: bool = True) -> None:
         """Attach the record naming the data file: after this returns, a daemon crash loses
@@ -429,6 +475,7 @@ class Journal:
                 )
         # After the uploads: a file committed under a directory's old name moves with it.
         result.moves = await recover_moves(bucket, self.moves)
+        result.deletes = await recover_deletes(bucket, self.deletes)
         return result
 
     async def _recover_one(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from tierfs.deletes import DELETE_WORKERS
 from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.handles import FileHandle
 from tierfs.inodes import Inode, Kind
@@ -304,8 +305,11 @@ class WritePath(_Base):
         return inode.open_handles == 0 and staged is not None and staged.committed and staged.dirty
 
     async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
-        """The write-back uploader (runs until cancelled): see `tierfs.uploader`."""
-        await self.uploads.run(workers, retry_s)
+        """The write-back uploader and deleter (run until cancelled): `tierfs.uploader`,
+        `tierfs.deletes`."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.uploads.run, workers, retry_s)
+            nursery.start_soon(self.deletes.run, DELETE_WORKERS, retry_s)
 
     def uploads_idle(self) -> bool:
         return self.uploads.idle()
