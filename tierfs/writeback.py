@@ -72,6 +72,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import google_crc32c
 
@@ -85,6 +86,7 @@ log = logging.getLogger("tierfs.writeback")
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _CHUNK = 8 << 20
+R = TypeVar("R")
 RECORD_XATTR = "user.tierfs.record"
 SPARE_FILES = 32  # empty data files made ahead by a thread, so create() need not wait
 # setxattr errors that mean "no attribute here" (this file system, or this record's size):
@@ -179,61 +181,63 @@ def file_crc32c(path: Path | str) -> str:
     return base64.b64encode(checksum.digest()).decode()
 
 
-class MoveLog:
-    """The journaled directory renames of one write-back journal (`tierfs.dirmove`).
-    Blocking methods: call them from a thread."""
+class _RecordLog(Generic[R]):
+    """A directory of JSON records, one per operation under way, named by an id that sorts
+    by time (renames in ``moves/``, deletes in ``deletes/``). Blocking methods: call them
+    from a thread."""
+
+    def __init__(self, journal_dir: Path, name: str, load: Callable[..., R]) -> None:
+        self.dir = journal_dir / name
+        self.dir.mkdir(mode=_DIR_MODE, exist_ok=True)
+        self._load = load
+
+    def _write(self, record_id: str, body: dict[str, object], *, durable: bool) -> None:
+        _write_record(self.dir / f"{record_id}.json", body, durable=durable)
+
+    def _end(self, record_id: str) -> None:
+        (self.dir / f"{record_id}.json").unlink(missing_ok=True)
+
+    def pending(self) -> list[R]:
+        """Unfinished operations, oldest first; an unreadable record is kept and said."""
+        found = []
+        for leftover in self.dir.glob("*.json.tmp"):
+            leftover.unlink(missing_ok=True)  # never written whole: never promised
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                found.append(self._load(**json.loads(path.read_text(encoding="utf-8"))))
+            except (ValueError, TypeError) as err:
+                log.error("write-back journal: unreadable record %s (%s); kept", path, err)
+        return found
+
+
+class MoveLog(_RecordLog[Move]):
+    """The journaled directory renames (`tierfs.dirmove`)."""
 
     def __init__(self, journal_dir: Path) -> None:
-        self.dir = journal_dir / "moves"
-        self.dir.mkdir(mode=_DIR_MODE, exist_ok=True)
+        super().__init__(journal_dir, "moves", Move)
 
     def begin(self, source: str, destination: str) -> Move:
         """Durably record a move before any of it happens."""
         move = Move(f"{time.time_ns():020d}-{secrets.token_hex(4)}", source, destination)
-        _write_record(self.dir / f"{move.id}.json", asdict(move))
+        self._write(move.id, asdict(move), durable=True)
         return move
 
     def end(self, move: Move) -> None:
-        (self.dir / f"{move.id}.json").unlink(missing_ok=True)
-
-    def pending(self) -> list[Move]:
-        """Unfinished moves, oldest first (the ids sort by the time they were made)."""
-        moves = []
-        for leftover in self.dir.glob("*.json.tmp"):
-            leftover.unlink(missing_ok=True)  # never made durable: that rename never began
-        for path in sorted(self.dir.glob("*.json")):
-            try:
-                moves.append(Move(**json.loads(path.read_text(encoding="utf-8"))))
-            except (ValueError, TypeError) as err:
-                log.error("write-back journal: unreadable rename record %s (%s); kept", path, err)
-        return moves
+        self._end(move.id)
 
 
-class DeleteLog:
-    """The journaled deletes of one write-back journal (`tierfs.deletes`). Blocking
-    methods: call them from a thread."""
+class DeleteLog(_RecordLog[Delete]):
+    """The journaled deletes (`tierfs.deletes`)."""
 
     def __init__(self, journal_dir: Path) -> None:
-        self.dir = journal_dir / "deletes"
-        self.dir.mkdir(mode=_DIR_MODE, exist_ok=True)
+        super().__init__(journal_dir, "deletes", Delete)
 
     def begin(self, delete: Delete) -> None:
         """Record a delete before unlink returns (not fsync'd, like a close's record)."""
-        _write_record(self.dir / f"{delete.id}.json", delete.record(), durable=False)
+        self._write(delete.id, delete.record(), durable=False)
 
     def end(self, delete: Delete) -> None:
-        (self.dir / f"{delete.id}.json").unlink(missing_ok=True)
-
-    def pending(self) -> list[Delete]:
-        deletes = []
-        for leftover in self.dir.glob("*.json.tmp"):
-            leftover.unlink(missing_ok=True)  # never recorded: that unlink never returned
-        for path in sorted(self.dir.glob("*.json")):
-            try:
-                deletes.append(Delete(**json.loads(path.read_text(encoding="utf-8"))))
-            except (ValueError, TypeError) as err:
-                log.error("write-back journal: unreadable delete record %s (%s); kept", path, err)
-        return deletes
+        self._end(delete.id)
 
 
 class Journal:
