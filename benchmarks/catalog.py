@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.saves import Create, DcpSave, OrbaxSave
+from benchmarks.saves import Create, DcpSave, OrbaxSave, Remove
 from benchmarks.workloads import (
     BigWrite,
     Checkpoint,
@@ -25,5 +25,6 @@ WORKLOADS: dict[str, type[Workload]] = {
         BigWrite,
         OrbaxSave,
         DcpSave,
+        Remove,
     )
 }

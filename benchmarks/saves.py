@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -199,3 +200,58 @@ class DcpSave(_RenamedSave):
 
     def commit(self, root: Path) -> None:
         os.rename(root / "dcp" / ".metadata.tmp", root / "dcp" / ".metadata")
+
+
+class Remove(Workload):
+    """Removing an old step, as Orbax's ``max_to_keep`` or a clean-up script does: a tree
+    an earlier save left in the bucket (placeholders for its directories), ``rm -rf``."""
+
+    name = "remove"
+    title = "remove an old step (rm -rf)"
+    metrics = (
+        Metric("remove.rm", "rm -rf of an old step, until it returns", "files/s", limit="local"),
+        Metric("remove.gone", "rm -rf of an old step, until gone from GCS", "files/s"),
+    )
+
+    def run(self, cell: Cell) -> None:
+        sizes, system = cell.sizes, cell.system
+        names = [f"old/d{i % 4}/f{i:05d}" for i in range(sizes.create_files)]
+        data = memoryview(b"x" * 1024)
+        bucket = cell.scratch_bucket()
+        if system.kind == "direct":
+            cell.direct.upload_many(bucket, [(n, data) for n in names])
+            start = time.monotonic()
+            cell.direct.delete_all(bucket, "old/")
+            elapsed = time.monotonic() - start
+            cell.record("remove.rm", len(names) / elapsed, "parallel deletes", seconds=elapsed)
+            cell.record("remove.gone", len(names) / elapsed, seconds=elapsed)
+            return
+        if system.kind == "local":
+            root = system.mount(bucket)
+            assert root is not None
+            for name in names:
+                path = root / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            fsync_dir(root)
+        else:
+            dirs = ["old/", *(f"old/d{d}/" for d in range(4))]
+            cell.direct.upload_many(bucket, [(n, memoryview(b"")) for n in dirs])
+            cell.direct.upload_many(bucket, [(n, data) for n in names])
+            root = system.mount(bucket)
+            assert root is not None
+        start = time.monotonic()
+        shutil.rmtree(root / "old")
+        returned = time.monotonic() - start
+        if system.kind != "local":
+            assert cell.env.admin is not None
+            deadline = start + sizes.durable_timeout_s
+            while cell.env.admin.list(bucket, "old/")[0]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the old step is still in GCS")
+                time.sleep(0.01)
+        else:
+            fsync_dir(root)
+        gone = time.monotonic() - start
+        cell.record("remove.rm", len(names) / returned, seconds=returned)
+        cell.record("remove.gone", len(names) / gone, seconds=gone)

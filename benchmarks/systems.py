@@ -291,7 +291,7 @@ class TierfsStream64(Tierfs):
         return ["--write-block-size-mb=64"]
 
 
-SAVES = ("bigwrite", "ckpt", "create", "orbax", "dcp")
+SAVES = ("bigwrite", "ckpt", "create", "orbax", "dcp", "remove")
 
 
 class TierfsWriteBack(Tierfs):

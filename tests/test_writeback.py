@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -741,3 +742,41 @@ async def test_a_failing_delete_is_retried_and_stays_hidden(
         await fs.lookup(ROOT_INO, "f")  # hidden while it is retried
     await deletes_done(fs)
     assert bucket.names() == []
+
+
+async def test_rmdir_does_not_count_deletes_that_finish_while_it_lists(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Over a real link the listing that rmdir makes takes a while, and background deletes
+    finish meanwhile: objects it lists that were being deleted when it began still do not
+    count (`rm -rf` over a +20 ms link failed with ENOTEMPTY)."""
+
+    class DeletesFinishDuringLists(MemoryBucket):
+        during_list: Callable[[], Awaitable[None]] | None = None
+
+        async def list(self, *args: Any, **kwargs: Any) -> Any:
+            listing = await super().list(*args, **kwargs)
+            if self.during_list is not None:
+                await self.during_list()
+            return listing
+
+    bucket = DeletesFinishDuringLists("wb")
+    for name in ("t/", "t/a", "t/b"):
+        bucket.put(name, b"")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    fs.spawn = nursery.start_soon
+    t = await fs.lookup(ROOT_INO, "t")
+    for name in ("a", "b"):
+        await fs.lookup(t.ino, name)
+        await fs.unlink(t.ino, name)
+
+    async def finish_them() -> None:
+        for delete in list(fs.pending_deletes):  # type: ignore[call-overload]
+            await fs._delete_in_background(delete)
+
+    bucket.during_list = finish_them
+    await fs.rmdir(ROOT_INO, "t")
+    assert bucket.names() == []
+    fs.close()

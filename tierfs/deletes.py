@@ -76,7 +76,6 @@ class PendingDeletes:
 
     def __init__(self) -> None:
         self._by_path: dict[str, Delete] = {}
-        self._objects: set[str] = set()
         self._gone_dirs: set[str] = set()
 
     def __bool__(self) -> bool:
@@ -90,12 +89,10 @@ class PendingDeletes:
 
     def add(self, delete: Delete) -> None:
         self._by_path[delete.path] = delete
-        self._objects.add(delete.object)
 
     def finished(self, delete: Delete) -> None:
         if self._by_path.get(delete.path) is delete:
             del self._by_path[delete.path]
-            self._objects.discard(delete.object)
         delete.done.set()
         for gone in [d for d in self._gone_dirs if not self.below(d)]:
             self._gone_dirs.discard(gone)
@@ -108,9 +105,6 @@ class PendingDeletes:
     def hides(self, path: str) -> bool:
         """Whether ``path`` is a name this mount removed whose object(s) GCS still holds."""
         return path in self._by_path or path in self._gone_dirs
-
-    def deleting(self, object_name: str) -> bool:
-        return object_name in self._objects
 
     def below(self, path: str) -> list[Delete]:
         """The pending deletes of ``path`` and of what lies below it ("" is everything)."""

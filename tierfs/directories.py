@@ -173,14 +173,13 @@ class Directories(_Base):
                 raise NotEmpty(path)
         else:
             # Objects whose deletes are still running do not count: ask for enough to see
-            # past them.
-            deleting = self.pending_deletes
+            # past them. (Taken before the listing: one may finish while it runs.)
+            deleting = {d.object for d in self.pending_deletes.below(path)}
             listing = await self.bucket.list(
-                placeholder, delimiter=None, max_results=2 + len(deleting.below(path))
+                placeholder, delimiter=None, max_results=2 + len(deleting)
             )
             if any(
-                info.name != placeholder and not deleting.deleting(info.name)
-                for info in listing.objects
+                info.name != placeholder and info.name not in deleting for info in listing.objects
             ):
                 raise NotEmpty(path)
         async with self._lock(inode):  # (its placeholder may be uploading)

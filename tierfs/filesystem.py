@@ -677,7 +677,7 @@ class Filesystem(Directories, WritePath, Renames):
                         pass  # already gone: the name is gone either way
             inode.unlinked = True
             self._end_stream(inode)
-            self._removed(path)
+            self._removed(path, below=False)
             self.owned.removed(path)
             self.inodes.detach(inode)
             if inode.open_handles == 0:
@@ -702,6 +702,7 @@ class Filesystem(Directories, WritePath, Renames):
         """Write-back: journal the delete of ``path``'s object and hide it; a background
         worker deletes it from GCS (`tierfs.deletes`)."""
         assert self.journal is not None
+        self.deletes.busy()  # the deletes wait for the `rm -rf` to pause: it is what waits
         self._delete_count += 1
         delete = Delete(
             f"{time.time_ns():020d}-{self._delete_count}",
@@ -737,7 +738,7 @@ class Filesystem(Directories, WritePath, Renames):
         except OSError as err:  # the next mount deletes it again: NotFound, harmless
             log.warning("write-back journal: cannot drop a delete record: %s", err)
         self.pending_deletes.finished(delete)
-        self.names.removed(delete.path)  # nothing learned of it meanwhile stays
+        self.names.deleted(delete.path)
         return True
 
     async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:
@@ -888,12 +889,12 @@ class Filesystem(Directories, WritePath, Renames):
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _removed(self, path: str) -> None:
+    def _removed(self, path: str, *, below: bool = True) -> None:
         """``path`` is gone: forget it, and the directories that existed only through it.
 
         Implied directories (no placeholder) may vanish with their last object; the
         kernel would keep their names for the TTL, so they are dropped there too."""
-        self.names.removed(path)
+        self.names.removed(path, below=below)
         parent = self.inodes.current(path.rsplit("/", 1)[0] if "/" in path else "")
         while parent is not None and parent.ino != ROOT_INO and not parent.placeholder:
             grand = self.inodes.current(parent.parent_path)

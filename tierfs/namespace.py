@@ -131,13 +131,24 @@ class Namespace:
             else:
                 self.cache.forget(path)
 
-    def removed(self, path: str) -> None:
-        """This mount removed ``path``: it is gone, and implied parents may be too."""
-        self._changed(path, below=True)
+    def removed(self, path: str, *, below: bool = True) -> None:
+        """This mount removed ``path``: it is gone, and implied parents may be too.
+        ``below`` False: a file, with nothing below it to forget (that scan is the cost of
+        an unlink in a large cache)."""
+        self._changed(path, below=below)
         if self.cache is not None:
-            self.cache.forget_below(path)
+            if below:
+                self.cache.forget_below(path)
             self.cache.put(path, None)
             self.cache.forget_implied_above(path)
+
+    def deleted(self, path: str) -> None:
+        """The object of ``path``, already removed from this mount, is gone from GCS too:
+        nothing learned of it while its delete ran may stay (cheaper than `removed`)."""
+        self._changed(path)
+        if self.cache is not None:
+            self.cache.put(path, None)
+            self.cache.forget_implied_above(path)  # (learned from listings meanwhile)
 
     def _changed(self, path: str, *, below: bool = False) -> None:
         """Drop kept listings that ``path`` changing makes stale (its ancestors' too: an
