@@ -103,6 +103,10 @@ class System:
     def daemon_pids(self) -> list[int]:
         return []
 
+    def before_durable(self, root: Path) -> None:
+        """What the save must do before its files can become durable (nothing, but for a
+        system that holds uploads back until asked)."""
+
     def sample_rss(self) -> None:
         for pid in self.daemon_pids():
             hwm = vm_hwm_kib(pid)
@@ -332,6 +336,22 @@ class TierfsWriteBackTmpfs(TierfsWriteBack):
         return ["--write-back", f"--write-back-dir={self.env.shm_root / ('wb-' + cache_dir.name)}"]
 
 
+class TierfsWriteBackHeld(TierfsWriteBack):
+    """Write-back with the uploads held until the save is over (a long write-back delay,
+    then `tierfs sync`): the save without uploads beside it, which the goal "uploads do not
+    slow the writer" compares tierfs-wb with."""
+
+    name = "tierfs-wb-held"
+    description = "tierfs, --write-back --cache-dir --write-back-delay-secs=3600, then tierfs sync"
+    only = ("ckpt",)
+
+    def options(self, cache_dir: Path) -> list[str]:
+        return [*super().options(cache_dir), "--write-back-delay-secs=3600"]
+
+    def before_durable(self, root: Path) -> None:
+        subprocess.run([TIERFS, "sync", str(root)], check=True, capture_output=True, timeout=900)
+
+
 class TierfsListCache(Tierfs):
     """Listings kept as rclone keeps them (its --dir-cache-time is 5 minutes): the kernel
     list cache and the stat cache on. With tierfs's defaults (gcsfuse's), every readdir
@@ -488,6 +508,7 @@ SYSTEMS: dict[str, type[System]] = {
         TierfsWriteBack,
         TierfsWriteBackDaemon,
         TierfsWriteBackTmpfs,
+        TierfsWriteBackHeld,
         Rclone,
         GcsDirect,
         LocalDir,
@@ -505,6 +526,7 @@ DEFAULT_SYSTEMS = (
     "tierfs-wb",
     "tierfs-wb-daemon",
     "tierfs-wb-tmpfs",
+    "tierfs-wb-held",
     "rclone",
     "gcs-direct",
     "local",

@@ -630,6 +630,7 @@ class Checkpoint(Workload):
                 fsync_dir(root / step)
                 durable = time.monotonic() - start
             else:
+                system.before_durable(root)
                 cell.wait_durable(bucket, expected, "ckpt/")
                 durable = time.monotonic() - start
             root = system.remount()
