@@ -780,3 +780,30 @@ async def test_rmdir_does_not_count_deletes_that_finish_while_it_lists(
     await fs.rmdir(ROOT_INO, "t")
     assert bucket.names() == []
     fs.close()
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_pending_deletes_answer_as_a_scan_of_them_would(seed: int) -> None:
+    """`PendingDeletes.busy` keeps counts per directory instead of scanning; a model: the
+    scan over what is pending, after random adds and finishes."""
+    import random
+
+    from tierfs.deletes import Delete, PendingDeletes
+
+    rng = random.Random(seed)
+    pending = PendingDeletes()
+    live: dict[str, Delete] = {}
+    paths = [f"{a}/{b}/f{c}" for a in "xy" for b in "pq" for c in range(3)] + ["x", "top"]
+    for step in range(200):
+        if live and rng.random() < 0.4:
+            delete = live.pop(rng.choice(sorted(live)))
+            pending.finished(delete)
+        else:
+            path = rng.choice(paths)
+            if path not in live:
+                live[path] = Delete(str(step), path, path, 1)
+                pending.add(live[path])
+        for probe in ["", "x", "x/p", "x/p/f0", "y", "y/q", "top", "nothing"]:
+            model = [p for p in live if not probe or p == probe or p.startswith(probe + "/")]
+            assert pending.busy(probe) == bool(model)
+            assert sorted(d.path for d in pending.below(probe)) == sorted(model)

@@ -26,7 +26,8 @@ they are journaled).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -71,12 +72,25 @@ def _under(path: str, top: str) -> bool:
     return not top or path == top or path.startswith(top + "/")
 
 
+def _ancestors(path: str) -> Iterator[str]:
+    """The directories above ``path``, the root ("") included."""
+    yield ""
+    parts = path.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        yield "/".join(parts[:depth])
+
+
 class PendingDeletes:
-    """The deletes not yet done in GCS, by path, and the directories removed above them."""
+    """The deletes not yet done in GCS, by path, and the directories removed above them.
+    Each directory's count of pending deletes below it is kept, so that the checks on
+    every unlink and create (`busy`) cost the depth of the path, not the number pending:
+    an ``rm -rf`` of many files asks once per file."""
 
     def __init__(self) -> None:
         self._by_path: dict[str, Delete] = {}
+        self._below: Counter[str] = Counter()  # directory -> pending deletes under it
         self._gone_dirs: set[str] = set()
+        self._changed = trio.Event()  # set (and replaced) whenever a delete finishes
 
     def __bool__(self) -> bool:
         return bool(self._by_path)
@@ -84,37 +98,48 @@ class PendingDeletes:
     def __len__(self) -> int:
         return len(self._by_path)
 
-    def __iter__(self) -> Iterable[Delete]:
+    def __iter__(self) -> Iterator[Delete]:
         return iter(list(self._by_path.values()))
 
     def add(self, delete: Delete) -> None:
         self._by_path[delete.path] = delete
+        self._below.update(_ancestors(delete.path))
 
     def finished(self, delete: Delete) -> None:
         if self._by_path.get(delete.path) is delete:
             del self._by_path[delete.path]
+            self._below.subtract(_ancestors(delete.path))
+            for directory in _ancestors(delete.path):
+                if self._below[directory] <= 0:
+                    del self._below[directory]
+                    self._gone_dirs.discard(directory)
         delete.done.set()
-        for gone in [d for d in self._gone_dirs if not self.below(d)]:
-            self._gone_dirs.discard(gone)
+        self._changed.set()
+        self._changed = trio.Event()
 
     def dir_removed(self, path: str) -> None:
         """rmdir of ``path`` succeeded while deletes below it still run: hide it too."""
-        if self.below(path):
+        if self.busy(path):
             self._gone_dirs.add(path)
 
     def hides(self, path: str) -> bool:
         """Whether ``path`` is a name this mount removed whose object(s) GCS still holds."""
         return path in self._by_path or path in self._gone_dirs
 
+    def busy(self, path: str) -> bool:
+        """Whether ``path``, or anything below it ("" is everything), is being deleted."""
+        return path in self._by_path or self._below[path] > 0
+
     def below(self, path: str) -> list[Delete]:
         """The pending deletes of ``path`` and of what lies below it ("" is everything)."""
+        if not self.busy(path):
+            return []
         return [d for p, d in self._by_path.items() if _under(p, path)]
 
     async def settled(self, *paths: str) -> None:
         """Wait until nothing at or below ``paths`` is still being deleted."""
-        for path in paths:
-            for delete in self.below(path):
-                await delete.done.wait()
+        while any(self.busy(path) for path in paths):
+            await self._changed.wait()
 
 
 async def delete_one(bucket: Bucket, delete: Delete) -> None:
