@@ -197,6 +197,12 @@ COMPARISONS: tuple[tuple[str, str, tuple[str, str], tuple[str, str]], ...] = (
         ("tierfs-wb", "bigwrite.close"),
     ),
     (
+        "creates until close(), tierfs write-back / the pyfuse3 + trio ceiling",
+        "plain",
+        ("tierfs-wb", "meta.create"),
+        ("pyfuse3-null", "meta.create"),
+    ),
+    (
         "ls -lR warm, tierfs-lists / rclone",
         "plain",
         ("tierfs-lists", "meta.ls_warm"),

@@ -365,64 +365,23 @@ class TierfsListCache(Tierfs):
         return ["--kernel-list-cache-ttl-secs=300", "--metadata-cache-ttl-secs=-1"]
 
 
-class Rclone(FuseSystem):
-    """``rclone mount --vfs-cache-mode full`` on its GCS backend, pointed at the same endpoint.
-
-    ``--vfs-write-back 0s``: upload as soon as a file is closed (the default waits 5 s of
-    idleness first, which would only add a constant to "durable"). rclone uploads files
-    over 8 MiB as resumable uploads in 16 MiB chunks (the Go client's default), which the
-    emulator serves slowly; its durable-write numbers carry that cost.
-    """
-
-    name = "rclone"
-    description = "rclone mount --vfs-cache-mode full"
+class SpawnedFuse(FuseSystem):
+    """A FUSE daemon this benchmark starts itself (in the foreground, by PID), mounted
+    when its mountpoint appears, stopped by fusermount3 and a wait."""
 
     def __init__(self, env: Env, profile: str) -> None:
         super().__init__(env, profile)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    @classmethod
-    def unavailable(cls) -> str | None:
-        if shutil.which("rclone") is None:
-            return "rclone is not installed (make bench installs the Debian package)"
-        return super().unavailable()
-
-    def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
-        config = self.env.root / f"rclone-{self.profile}.conf"
-        config.write_text(
-            "[gcs]\n"
-            "type = google cloud storage\n"
-            "anonymous = true\n"
-            f"endpoint = {self.env.endpoint(self.profile)}/storage/v1/\n"
-            "project_number = test\n"
-            "bucket_policy_only = true\n"
-        )
-        self.proc = self.env.spawn(
-            [
-                "rclone",
-                "--config",
-                str(config),
-                "mount",
-                f"gcs:{bucket}",
-                str(mountpoint),
-                "--vfs-cache-mode",
-                "full",
-                "--cache-dir",
-                str(cache_dir),
-                "--vfs-write-back",
-                "0s",
-                "--log-level",
-                "NOTICE",
-            ],
-            log,
-        )
+    def _spawn(self, command: list[str], mountpoint: Path, log: Path) -> None:
+        self.proc = self.env.spawn(command, log)
         deadline = time.monotonic() + 30
         while not is_mounted(mountpoint):
             if self.proc.poll() is not None:
                 tail = log.read_text(errors="replace").strip().splitlines()[-1:]
-                raise RuntimeError(f"rclone mount exited ({self.proc.returncode}): {tail}")
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}): {tail}")
             if time.monotonic() > deadline:
-                raise RuntimeError("rclone mount did not appear within 30s")
+                raise RuntimeError(f"{self.name} did not mount within 30s")
             time.sleep(0.05)
 
     def _stop(self, mountpoint: Path) -> None:
@@ -440,6 +399,71 @@ class Rclone(FuseSystem):
         if self.proc is not None and self.proc.poll() is None:
             return [self.proc.pid]
         return []
+
+
+class Rclone(SpawnedFuse):
+    """``rclone mount --vfs-cache-mode full`` on its GCS backend, pointed at the same endpoint.
+
+    ``--vfs-write-back 0s``: upload as soon as a file is closed (the default waits 5 s of
+    idleness first, which would only add a constant to "durable"). rclone uploads files
+    over 8 MiB as resumable uploads in 16 MiB chunks (the Go client's default), which the
+    emulator serves slowly; its durable-write numbers carry that cost.
+    """
+
+    name = "rclone"
+    description = "rclone mount --vfs-cache-mode full"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if shutil.which("rclone") is None:
+            return "rclone is not installed (make bench installs the Debian package)"
+        return super().unavailable()
+
+    def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
+        config = self.env.root / f"rclone-{self.profile}.conf"
+        config.write_text(
+            "[gcs]\n"
+            "type = google cloud storage\n"
+            "anonymous = true\n"
+            f"endpoint = {self.env.endpoint(self.profile)}/storage/v1/\n"
+            "project_number = test\n"
+            "bucket_policy_only = true\n"
+        )
+        self._spawn(
+            [
+                "rclone",
+                "--config",
+                str(config),
+                "mount",
+                f"gcs:{bucket}",
+                str(mountpoint),
+                "--vfs-cache-mode",
+                "full",
+                "--cache-dir",
+                str(cache_dir),
+                "--vfs-write-back",
+                "0s",
+                "--log-level",
+                "NOTICE",
+            ],
+            mountpoint,
+            log,
+        )
+
+
+class NullFuse(SpawnedFuse):
+    """The stack's ceiling: `benchmarks.nullfs`, pyfuse3 + trio with files in a dict and
+    nothing behind them. Driven like a local directory (durable means fsync, which it
+    answers at once); what tierfs's create rate is a fraction of."""
+
+    name = "pyfuse3-null"
+    description = "pyfuse3 + trio, files in a dict, nothing behind them (benchmarks/nullfs.py)"
+    kind = "local"
+    network = False
+    only = ("create",)
+
+    def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
+        self._spawn([sys.executable, "-m", "benchmarks.nullfs", str(mountpoint)], mountpoint, log)
 
 
 class LocalDir(System):
@@ -510,6 +534,7 @@ SYSTEMS: dict[str, type[System]] = {
         TierfsWriteBackTmpfs,
         TierfsWriteBackHeld,
         Rclone,
+        NullFuse,
         GcsDirect,
         LocalDir,
         Tmpfs,
@@ -528,6 +553,7 @@ DEFAULT_SYSTEMS = (
     "tierfs-wb-tmpfs",
     "tierfs-wb-held",
     "rclone",
+    "pyfuse3-null",
     "gcs-direct",
     "local",
     "tmpfs",
