@@ -26,19 +26,65 @@ CPU, and a blocked peer never stalls other connections.
 The alternative, ``tc netem`` inside a network namespace, shapes packets, not
 requests, and has no per-connection rate; the proxy needs no privileges and
 leaves nothing behind but its threads.
+
+**Faults** (the test suite's, ``tests/faults.py``): given ``faults``, a callable
+that sees each request's method and target (``"GET"``, ``"/storage/v1/b/..."``)
+and returns an action or None, the proxy answers that request itself with an
+HTTP error status (draining what the client still sends, then closing), resets
+the connection, forwards only part of the response, or holds the response back
+for a while: the faults a client meets on a real link, at the HTTP level, in
+front of the real emulator.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 DEFAULT_DELAY_S = 0.020
 DEFAULT_RATE_BYTES_S = 200_000_000
 _CHUNK = 256 * 1024
 _BURST_S = 0.002
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the proxy does to one request instead of passing it through untouched.
+
+    ``status``: answer it with this HTTP status (not forwarded). ``reset``: close the
+    connection with a TCP reset (not forwarded). ``truncate``: forward it, then pass on
+    only the response's first bytes (its head and half of what came with it) and reset.
+    ``stall_s``: forward it, and hold the response back this long before passing it on.
+    """
+
+    status: int = 0
+    reset: bool = False
+    truncate: bool = False
+    stall_s: float = 0.0
+
+
+Faults = Callable[[str, str], Action | None]
+_HEAD_LIMIT = 16 * 1024
+
+
+def _abort(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a crashed peer or a middlebox would."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _error_response(status: int) -> bytes:
+    body = b'{"error":{"code":%d,"message":"injected by the fault proxy"}}' % status
+    return (
+        b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (status, len(body))
+    ) + body
 
 
 class _Bucket:
@@ -68,6 +114,7 @@ class _Link:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.awaiting_request = True  # the next client bytes start a new request
         self.closed = threading.Event()
+        self.action: Action | None = None  # the current request's, for the response side
 
     def start(self) -> None:
         for target in (self._requests, self._responses):
@@ -93,8 +140,27 @@ class _Link:
                         self.awaiting_request = False
                         self.proxy.requests += 1
                         time.sleep(self.proxy.delay_s)
+                        if self.proxy.faults is not None:
+                            head = self._fault(src, bytes(view[:n]))
+                            if head is None:
+                                return
+                            if len(head) > n:  # read on to see the request line
+                                bucket.take(len(head))
+                                dst.sendall(head)
+                                self.proxy.bytes_up += len(head)
+                                continue
                 else:
                     self.awaiting_request = True
+                    action, self.action = self.action, None
+                    if action is not None and action.stall_s:
+                        time.sleep(action.stall_s)
+                    if action is not None and action.truncate:
+                        head = bytes(view[:n])
+                        cut = head.find(b"\r\n\r\n")
+                        cut = n // 2 if cut < 0 else cut + 4 + (n - cut - 4) // 2
+                        dst.sendall(view[:cut])
+                        _abort(dst)
+                        return
                 bucket.take(n)
                 dst.sendall(view[:n])
                 if request_side:
@@ -113,6 +179,38 @@ class _Link:
             else:
                 self.closed.set()
 
+    def _fault(self, src: socket.socket, head: bytes) -> bytes | None:
+        """Ask the proxy's ``faults`` about the request that starts with ``head`` (read on
+        until its request line is whole); None when the request was answered here and the
+        link is done, else the bytes to forward."""
+        while b"\r\n" not in head and len(head) < _HEAD_LIMIT:
+            more = src.recv(_HEAD_LIMIT)
+            if not more:
+                break
+            head += more
+        method, _, rest = head.partition(b" ")
+        target = rest.partition(b" ")[0]
+        assert self.proxy.faults is not None
+        action = self.proxy.faults(method.decode("latin-1"), target.decode("latin-1"))
+        if action is None:
+            return head
+        self.proxy.faults_injected += 1
+        if action.reset:
+            _abort(self.client)
+            _abort(self.upstream)
+            return None
+        if action.status:
+            self.client.sendall(_error_response(action.status))
+            self.client.settimeout(5)
+            with contextlib.suppress(OSError):  # let the client finish sending its body
+                while self.client.recv(_CHUNK):
+                    pass
+            self.client.close()
+            self.upstream.close()
+            return None
+        self.action = action
+        return head
+
 
 class ShapingProxy:
     """``ShapingProxy(("127.0.0.1", emulator_port)).start()``; ``.endpoint``; ``.stop()``."""
@@ -123,8 +221,11 @@ class ShapingProxy:
         *,
         delay_s: float = DEFAULT_DELAY_S,
         rate_bytes_s: float = DEFAULT_RATE_BYTES_S,
+        faults: Faults | None = None,
     ) -> None:
         self.upstream = upstream
+        self.faults = faults
+        self.faults_injected = 0
         self.delay_s = delay_s
         self.rate_bytes_s = rate_bytes_s
         self.requests = 0

@@ -710,10 +710,21 @@ SCHEMA: tuple[Option, ...] = (
         minimum=1,
     ),
     _opt(
+        "gcs-retries:request-deadline-secs",
+        _I,
+        120,
+        "Give up on a GCS request, its retries included, after this many seconds: the "
+        "operation fails with EIO (write-back uploads are tried again later). 0: retry for "
+        "ever, as gcsfuse does.",
+        tierfs=True,
+        minimum=0,
+    ),
+    _opt(
         "gcs-retries:read-stall:enable",
         _B,
         True,
-        "Retry reads that stall.",
+        "Cut and retry a read that GCS stops answering, after a timeout that follows the "
+        "reads seen (see the read-stall options).",
         flag="enable-read-stall-retry",
         hidden=True,
     ),
@@ -721,9 +732,9 @@ SCHEMA: tuple[Option, ...] = (
         "gcs-retries:read-stall:initial-req-timeout",
         _D,
         20.0,
-        "First read-stall timeout.",
+        "Read-stall timeout before any read was seen.",
         flag="read-stall-initial-req-timeout",
-        **_HA,
+        **_H,
     ),
     _opt(
         "gcs-retries:read-stall:min-req-timeout",
@@ -731,7 +742,7 @@ SCHEMA: tuple[Option, ...] = (
         1.5,
         "Lowest read-stall timeout.",
         flag="read-stall-min-req-timeout",
-        **_HA,
+        **_H,
     ),
     _opt(
         "gcs-retries:read-stall:max-req-timeout",
@@ -739,31 +750,32 @@ SCHEMA: tuple[Option, ...] = (
         1200.0,
         "Highest read-stall timeout.",
         flag="read-stall-max-req-timeout",
-        **_HA,
+        **_H,
     ),
     _opt(
         "gcs-retries:read-stall:req-increase-rate",
         _F,
         15.0,
-        "Read-stall timeout growth.",
+        "Read-stall timeout growth: each cut read raises it by e^(1/rate).",
         flag="read-stall-req-increase-rate",
-        **_HA,
+        **_H,
     ),
     _opt(
         "gcs-retries:read-stall:req-target-percentile",
         _F,
         0.99,
-        "Read-stall latency percentile.",
+        "Share of reads the read-stall timeout lets finish; the rest are cut and retried.",
         flag="read-stall-req-target-percentile",
         minimum=0,
         maximum=1,
-        **_HA,
+        **_H,
     ),
     _opt(
         "gcs-retries:chunk-retry-deadline-secs",
         _I,
         120,
-        "Deadline to retry one upload chunk.",
+        "Give up on an upload request or chunk, its retries included, after this many "
+        "seconds; 0: the request deadline.",
         minimum=0,
         hidden=True,
     ),
@@ -771,7 +783,8 @@ SCHEMA: tuple[Option, ...] = (
         "gcs-retries:chunk-transfer-timeout-secs",
         _I,
         10,
-        "Timeout of one upload chunk.",
+        "Cut and retry an upload request that sends or receives nothing for this many "
+        "seconds; 0: the HTTP client timeout.",
         minimum=0,
         hidden=True,
     ),
@@ -801,6 +814,15 @@ SCHEMA: tuple[Option, ...] = (
         "info",
         "Least severe message logged.",
         flag="log-severity",
+    ),
+    _opt(
+        "logging:slow-request-secs",
+        _I,
+        30,
+        "Log a WARNING naming a file-system operation and its path when it has waited this "
+        "many seconds, and again each time as long; 0: never.",
+        tierfs=True,
+        minimum=0,
     ),
     _opt(
         "logging:file-path",

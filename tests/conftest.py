@@ -16,6 +16,7 @@ import pytest
 from google.cloud import storage
 from hypothesis import settings
 
+from tests.faults import fault_proxy  # noqa: F401  (a fixture, for the fault tests)
 from tests.mounting import Mount
 from tierfs.emulator import Emulator
 

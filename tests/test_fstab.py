@@ -45,12 +45,24 @@ def test_install_helper_writes_a_script_that_runs_this_environment(tmp_path: Pat
     assert done.target == BIN / "mount.tierfs"
     assert stat.S_IMODE(done.path.stat().st_mode) == 0o755
     text = done.path.read_text()
-    assert text.startswith("#!/bin/sh\n") and f"exec {BIN / 'mount.tierfs'} \"$@\"" in text
+    assert text.startswith("#!/bin/sh\n") and f'exec {BIN / "mount.tierfs"} "$@"' in text
     # the installed helper is mount.tierfs itself, whatever PATH mount(8) was run with
     result = subprocess.run(
-        [str(done.path), "a-bucket", "/mnt/x", "-n", "-s", "-v", "-o", "ro,implicit_dirs",
-         "--dry-run"],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={"PATH": "/nonexistent"},
+        [
+            str(done.path),
+            "a-bucket",
+            "/mnt/x",
+            "-n",
+            "-s",
+            "-v",
+            "-o",
+            "ro,implicit_dirs",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={"PATH": "/nonexistent"},
     )
     assert result.returncode == 0, result.stderr
     effective = json.loads(result.stdout)
@@ -85,7 +97,7 @@ def test_install_helper_replaces_a_symlink_to_the_same_console_script(tmp_path: 
 def test_install_helper_never_overwrites_a_foreign_file(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "mount.tierfs"
     if kind == "file":
-        path.write_text("#!/bin/sh\nexec /usr/local/bin/someone-elses-helper \"$@\"\n")
+        path.write_text('#!/bin/sh\nexec /usr/local/bin/someone-elses-helper "$@"\n')
     else:
         path.symlink_to("/usr/bin/true")
     before = os.readlink(path) if kind == "symlink" else path.read_text()
@@ -115,9 +127,17 @@ def test_install_helper_command(tmp_path: Path) -> None:
 
 def test_mount_helper_dry_run_prints_json(tmp_path: Path) -> None:
     result = subprocess.run(
-        [MOUNT_HELPER, "my-bucket", str(tmp_path), "-o",
-         "rw,_netdev,allow_other,implicit_dirs,file_mode=640", "--dry-run"],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [
+            MOUNT_HELPER,
+            "my-bucket",
+            str(tmp_path),
+            "-o",
+            "rw,_netdev,allow_other,implicit_dirs,file_mode=640",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert (result.returncode, result.stderr) == (0, "")
     effective = json.loads(result.stdout)
@@ -176,17 +196,26 @@ def test_fstab_line_mounts_with_its_options_and_umount_ends_it(
             bucket_name,
             mountpoint,
             [
-                "rw", "_netdev", "allow_other", "implicit_dirs",
-                "file_mode=640", "dir_mode=750",  # not the defaults (644, 755): they show
-                "anonymous_access", f"custom_endpoint={emulator.endpoint}",
-                f"log_file={log}", "log_severity=debug", "log_format=text",
+                "rw",
+                "_netdev",
+                "allow_other",
+                "implicit_dirs",
+                "file_mode=640",
+                "dir_mode=750",  # not the defaults (644, 755): they show
+                "anonymous_access",
+                f"custom_endpoint={emulator.endpoint}",
+                f"log_file={log}",
+                "log_severity=debug",
+                "log_format=text",
             ],
         )
     )
     try:
         result = subprocess.run(
             ["mount", "-s", "-v", "-T", str(fstab), str(mountpoint)],
-            capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
         )
         assert result.returncode == 0, result.stderr
         assert "Traceback" not in result.stderr
@@ -251,7 +280,9 @@ def test_fstab_line_with_a_bad_option_fails_with_one_line(
     try:
         result = subprocess.run(
             ["mount", "-T", str(fstab), str(mountpoint)],
-            capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
         )
         assert one_line_error(result) == message
         assert mount_table(mountpoint) == []
@@ -271,7 +302,9 @@ def test_the_helper_alone_behaves_like_mount_8_calls_it(
     try:
         result = subprocess.run(
             [MOUNT_HELPER, bucket_name, str(mountpoint), "-n", "-s", "-v", "-o", options],
-            capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
         )
         assert (result.returncode, result.stderr) == (0, "")
         (mountpoint / "f").write_bytes(b"via helper")
@@ -281,4 +314,3 @@ def test_the_helper_alone_behaves_like_mount_8_calls_it(
         assert mount_table(mountpoint) == []
     finally:
         force_cleanup(mountpoint)
-

@@ -721,6 +721,9 @@ def test_sync_after_rm_rf_means_the_objects_are_gone(
     (mount.path / "old" / "f0").write_bytes(b"again")
     assert tierfs_sync(mount).returncode == 0
     assert objects(gcs_client, bucket_name) == {
-        "new/": b"", "new/f": b"new/f", "old/": b"", "old/f0": b"again"
+        "new/": b"",
+        "new/f": b"new/f",
+        "old/": b"",
+        "old/f0": b"again",
     }
     assert stats(mount)["writeback"]["deleting"] == 0

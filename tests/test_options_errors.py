@@ -427,9 +427,7 @@ THROUGH_SCRIPTS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("script", "args", "line"), [p for p in ERRORS if p.id in THROUGH_SCRIPTS]
-)
+@pytest.mark.parametrize(("script", "args", "line"), [p for p in ERRORS if p.id in THROUGH_SCRIPTS])
 def test_console_scripts_give_one_line_and_exit_2(cli, script, args, line):
     result = cli(script, *args)
     assert_one_line_error(result, line.replace("{tmp}", cli.tmp))

@@ -224,9 +224,9 @@ def _nest(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return root
 
 
-REAL_TREES = st.lists(
-    st.tuples(st.sampled_from([o.path for o in SCHEMA]), TREES), max_size=5
-).map(_nest)
+REAL_TREES = st.lists(st.tuples(st.sampled_from([o.path for o in SCHEMA]), TREES), max_size=5).map(
+    _nest
+)
 
 
 @FAST
@@ -277,9 +277,7 @@ ROUND_TRIP_OPTIONS = [
     o for o in SCHEMA if o.path not in {"config-file", FUSE} and o.path not in KNOWN_RENDER_BUGS
 ]
 SAFE_TEXT = st.text(
-    alphabet=st.characters(
-        codec="utf-8", exclude_categories=("Z", "C"), exclude_characters=","
-    ),
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Z", "C"), exclude_characters=","),
     max_size=12,
 )
 REGEX_TEXT = st.text(alphabet="abcxyz0189._-/", max_size=10)
@@ -495,7 +493,7 @@ def test_render_examples(line, rendered):
     [
         ("app-name: ' padded '\n", "app-name"),
         ("app-name: 'a,b'\n", "app-name"),
-        ("only-dir: \"a\\nb\"\n", "only-dir"),
+        ('only-dir: "a\\nb"\n', "only-dir"),
         ("trace:\n  exporters: [otlp, stdout]\n", "trace:exporters"),
     ],
 )

@@ -68,6 +68,7 @@ from tierfs.passthrough import Backings
 from tierfs.renames import Renames
 from tierfs.storage import Bucket, ObjectInfo
 from tierfs.uploader import Uploader
+from tierfs.watchdog import InFlight
 from tierfs.writeback import Journal
 from tierfs.writepath import LARGE_UPLOAD_BYTES, LARGE_UPLOADS, WritePath
 from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
@@ -111,6 +112,7 @@ class Settings:
     write_passthrough: bool = True  # with write-back: the kernel writes new files directly
     max_streams: float = 0  # new files uploaded while written (streaming writes) at a time
     stream_chunk_bytes: int = 32 << 20
+    slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.watchdog)
 
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
@@ -149,6 +151,7 @@ class Settings:
             file_cache=file_cache_enabled(config.settings),
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
             passthrough=config["file-cache:passthrough"],
+            slow_request_s=float(config["logging:slow-request-secs"]),
         )
 
 
@@ -287,6 +290,9 @@ class Filesystem(Directories, WritePath, Renames):
             clock=monotonic_s,
         )
         self.inodes = InodeTable(root_mtime_ns=clock_ns())
+        # The FUSE requests being served, and warnings about slow ones (its run() is
+        # started beside the request loop).
+        self.inflight = InFlight(settings.slow_request_s, lambda: bucket.last_error)
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
         self.dir_counts = {"opens": 0, "kept": 0, "listings_served": 0}
@@ -791,6 +797,11 @@ class Filesystem(Directories, WritePath, Renames):
             "staging_errors": self.staging_errors,
             "write_requests": self.write_requests,
             "flushes_held": self.flushes_held,
+            "requests": {
+                "in_flight": len(self.inflight),
+                "longest_wait_s": round(self.inflight.longest_wait_s(), 3),
+                "slow_warnings": self.inflight.warnings,
+            },
             "writeback": {
                 "enabled": self.journal is not None,
                 "pending": self.pending_uploads(),

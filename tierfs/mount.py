@@ -40,6 +40,7 @@ from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
 from tierfs.operations import Operations
 from tierfs.storage import Bucket
 from tierfs.storage.gcs import GcsBucket, RetrySettings
+from tierfs.storage.stall import ReadStallSettings
 from tierfs.writeback import Journal
 
 log = logging.getLogger("tierfs.mount")
@@ -58,12 +59,30 @@ def connect(config: Config) -> GcsBucket:
         anonymous=config["gcs-auth:anonymous-access"],
         billing_project=config["gcs-connection:billing-project"],
         app_name=config["app-name"],
-        retry=RetrySettings(
-            max_attempts=config["gcs-retries:max-retry-attempts"],
-            max_sleep_s=config["gcs-retries:max-retry-sleep"],
-            multiplier=config["gcs-retries:multiplier"],
-        ),
+        retry=retry_settings(config),
         http_timeout_s=config["gcs-connection:http-client-timeout"],
+    )
+
+
+def retry_settings(config: Config) -> RetrySettings:
+    """gcsfuse's gcs-retries options (and tierfs's request deadline) for `GcsBucket`; a
+    0 that means "no bound" becomes None."""
+    deadline = config["gcs-retries:request-deadline-secs"] or None
+    return RetrySettings(
+        max_attempts=config["gcs-retries:max-retry-attempts"],
+        max_sleep_s=config["gcs-retries:max-retry-sleep"],
+        multiplier=config["gcs-retries:multiplier"],
+        deadline_s=deadline,
+        upload_deadline_s=config["gcs-retries:chunk-retry-deadline-secs"] or deadline,
+        upload_stall_s=config["gcs-retries:chunk-transfer-timeout-secs"] or None,
+        read_stall=ReadStallSettings(
+            enabled=config["gcs-retries:read-stall:enable"],
+            initial_s=config["gcs-retries:read-stall:initial-req-timeout"],
+            min_s=config["gcs-retries:read-stall:min-req-timeout"],
+            max_s=config["gcs-retries:read-stall:max-req-timeout"],
+            increase_rate=config["gcs-retries:read-stall:req-increase-rate"],
+            target_percentile=config["gcs-retries:read-stall:req-target-percentile"],
+        ),
     )
 
 
@@ -240,6 +259,7 @@ async def _serve_mounted(
             fs.spawn = spawner(nursery)
             nursery.start_soon(_on_signals, fs, signalled)
             nursery.start_soon(serve_control, mountpoint, _control_handlers(fs))
+            nursery.start_soon(fs.inflight.run)
             if journal is not None:
                 nursery.start_soon(fs.run_uploads, WRITEBACK_UPLOADS)
             read_ahead = (config["read-ahead-kb"], "read-ahead-kb" in config.assigned)

@@ -49,13 +49,22 @@ def kernel_drops_listings(release: str) -> bool:
     return not (6, 9) <= (int(version[1]), int(version[2])) < (6, 13)
 
 
+# Requests whose first argument is a file handle, or a directory handle (else an inode).
+_BY_FILE_HANDLE = frozenset({"read", "write", "flush", "fsync", "release"})
+_BY_DIR_HANDLE = frozenset({"readdir", "releasedir", "fsyncdir"})
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        self = cast("Operations", args[0])
+        inflight = self.fs.inflight
+        number = inflight.begin(op, self.describe, args[1:])
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -67,6 +76,8 @@ def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             else:
                 log.debug("%s: %s -> %s", fn.__name__, err, errno.errorcode.get(code, code))
             raise pyfuse3.FUSEError(code) from None
+        finally:
+            inflight.end(number)
 
     return wrapped
 
@@ -143,6 +154,29 @@ class Operations(pyfuse3.Operations):
             self.fs.backings.files = KernelBackingFiles()
         elif self.enable_passthrough:
             log.info("this kernel offers no FUSE passthrough: reads and writes go through tierfs")
+
+    def describe(self, op: str, args: tuple[object, ...]) -> str:
+        """The path a request works on, for a log line: its first argument is a file
+        handle, a directory handle or an inode (then maybe a name below it)."""
+        fs, first = self.fs, args[0] if args else None
+        if not isinstance(first, int):
+            return "?"
+        try:
+            if op in _BY_FILE_HANDLE:
+                path = fs.files[first].inode.path
+            elif op in _BY_DIR_HANDLE:
+                path = fs.dirs[first].inode.path
+            else:
+                path = fs.inodes[first].path
+        except (KeyError, AttributeError):
+            return f"(inode or handle {first})"
+        if len(args) > 1 and isinstance(args[1], bytes) and op != "write":
+            path = (
+                f"{path}/{args[1].decode('utf-8', 'replace')}"
+                if path
+                else args[1].decode("utf-8", "replace")
+            )
+        return "/" + path
 
     @staticmethod
     def _kernel_forget(parent_ino: int, name: str) -> None:

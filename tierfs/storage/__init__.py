@@ -35,6 +35,7 @@ STAT_KEYS = (
     "copies",
     "errors",
     "retries",
+    "read_stalls",
 )
 
 
@@ -105,6 +106,7 @@ class Bucket(Protocol):
     """One GCS bucket. Safe to call from many trio tasks at once."""
 
     name: str
+    last_error: str  # the last failure worth retrying, in one line ("" before any)
 
     async def stat(self, name: str) -> ObjectInfo:
         """The live generation of ``name``; `NotFound` if there is none."""

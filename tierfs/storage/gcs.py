@@ -27,6 +27,13 @@ object (``gs://bucket/name#generation``) and the cause, because they end up in l
 in the one-line error of ``tierfs mount``.  The original exception is kept as
 ``__cause__`` for tracebacks in the log.
 
+Bounds.  No request waits without end: every request gives up after its retry deadline
+(``request-deadline-secs``; uploads: ``chunk-retry-deadline-secs``), a read whose
+response stops coming is cut by the read-stall timeout (`tierfs.storage.stall`) and
+retried, and an upload that makes no progress for ``chunk-transfer-timeout-secs`` is
+cut and retried.  The last transient failure is kept (`last_error`) for the daemon's
+warnings about slow requests.
+
 Reads ask for an exact generation and a byte range; GCS (and the emulator) answer 416
 for a range starting at or past the end, which is simply EOF here.  Objects are read
 raw (``raw_download``), as gcsfuse does, so a gzip-encoded object reads as the bytes
@@ -51,6 +58,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -82,6 +90,7 @@ from tierfs.errors import (
     TierfsError,
 )
 from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
+from tierfs.storage.stall import ReadStallSettings, StallTimeout
 
 __all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
 
@@ -122,7 +131,11 @@ class RetrySettings:
     ``max_attempts`` counts requests, the first included (``max-retry-attempts``; 0 = no
     cap, as in gcsfuse).  Sleeps grow from ``initial_sleep_s`` by ``multiplier`` up to
     ``max_sleep_s`` (``max-retry-sleep``), with full jitter.  ``deadline_s`` bounds the
-    total time spent retrying one request (None = no bound, as in gcsfuse).
+    total time spent retrying one request (``request-deadline-secs``; None = no bound, as
+    in gcsfuse); ``upload_deadline_s`` does the same for an upload request or chunk
+    (``chunk-retry-deadline-secs``), and ``upload_stall_s`` cuts an upload request that
+    sends or receives nothing for that long (``chunk-transfer-timeout-secs``; None: the
+    HTTP timeout).  ``read_stall``: the read-stall timeout (None: the HTTP timeout).
     """
 
     max_attempts: int = 0
@@ -130,6 +143,9 @@ class RetrySettings:
     multiplier: float = 2.0
     deadline_s: float | None = None
     initial_sleep_s: float = 1.0
+    upload_deadline_s: float | None = None
+    upload_stall_s: float | None = None
+    read_stall: ReadStallSettings | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 0:
@@ -138,8 +154,10 @@ class RetrySettings:
             raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
         if self.initial_sleep_s <= 0 or self.max_sleep_s <= 0:
             raise ValueError("retry sleeps must be > 0")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0 or None, got {self.deadline_s}")
+        for name in ("deadline_s", "upload_deadline_s", "upload_stall_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value}")
 
 
 class _RetriesExhausted(Exception):
@@ -189,7 +207,7 @@ class _BoundedRetry(Retry):
         self,
         *,
         max_attempts: int = 0,
-        on_retry: Callable[[], None] | None = None,
+        on_retry: Callable[[Exception], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -213,7 +231,7 @@ class _BoundedRetry(Retry):
                     raise _RetriesExhausted(attempts, exc) from exc
                 attempts += 1
                 if on_retry is not None:
-                    on_retry()
+                    on_retry(exc)
                 if on_error is not None:
                     on_error(exc)
 
@@ -478,8 +496,15 @@ class GcsBucket:
         )
         self._timeout_s = http_timeout_s if http_timeout_s > 0 else DEFAULT_HTTP_TIMEOUT_S
         self._counters = _Counters()
+        self.last_error = ""  # the last transient failure, in one line (for slow-request logs)
         self._retry = self._make_retry(settings, settings.max_attempts)
         self._check_retry = self._make_retry(settings, settings.max_attempts or _CHECK_ATTEMPTS)
+        self._upload_retry = self._make_retry(
+            settings, settings.max_attempts, deadline_s=settings.upload_deadline_s
+        )
+        self._upload_timeout_s = settings.upload_stall_s or self._timeout_s
+        stall = settings.read_stall
+        self._stall = StallTimeout(stall) if stall is not None and stall.enabled else None
         self._page_size: int | None = None  # None: the server's page size (1,000 on GCS)
         self._chunk_bytes = UPLOAD_CHUNK_BYTES
 
@@ -630,7 +655,8 @@ class GcsBucket:
         if length == 0:
             await trio.lowlevel.checkpoint()
             return b""
-        retry, timeout = self._retry, self._timeout_s
+        retry, timeout, stall = self._retry, self._timeout_s, self._stall
+        counters = self._counters
         session: requests.Session = self._client._http
         # The library's own URL (host, escaping, userProject), fetched our way below.
         url = self._bucket.blob(name, generation=generation)._get_download_url(self._client)
@@ -640,7 +666,23 @@ class GcsBucket:
             # A raw streamed GET into one preallocated buffer: the client library's
             # download_as_bytes copies through a BytesIO in small pieces, at about half the
             # speed and twice the memory (measured on the emulator).
-            response = session.get(url, headers=headers, stream=True, timeout=timeout or None)
+            if stall is None:
+                return receive(timeout or None)
+            try:
+                return receive((timeout or None, stall.current()), stall.observe)
+            except (requests.Timeout, urllib3.exceptions.TimeoutError):
+                stall.stalled()  # no head in time, or the body stopped coming
+                counters.add(read_stalls=1)
+                raise
+
+        def receive(
+            limit: float | tuple[float | None, float] | None,
+            on_head: Callable[[float], None] | None = None,
+        ) -> bytes:
+            started = time.monotonic()
+            response = session.get(url, headers=headers, stream=True, timeout=limit)
+            if on_head is not None:
+                on_head(time.monotonic() - started)
             try:
                 if response.status_code == 416:  # range starts at or past the end
                     return b""
@@ -690,8 +732,8 @@ class GcsBucket:
             ignore_flush=True,
             content_type=content_type or DEFAULT_CONTENT_TYPE,
             if_generation_match=if_generation_match,
-            retry=self._retry if if_generation_match is not None else None,
-            timeout=self._timeout_s,
+            retry=self._upload_retry if if_generation_match is not None else None,
+            timeout=self._upload_timeout_s,
         )
         return GcsUpload(self, blob, writer, chunk)
 
@@ -706,8 +748,8 @@ class GcsBucket:
     ) -> ObjectInfo:
         check_name(name)
         blob_metadata = dict(metadata) if metadata else None
-        retry = self._retry if if_generation_match is not None else None
-        bucket, timeout, chunk_bytes = self._bucket, self._timeout_s, self._chunk_bytes
+        retry = self._upload_retry if if_generation_match is not None else None
+        bucket, timeout, chunk_bytes = self._bucket, self._upload_timeout_s, self._chunk_bytes
         counters = self._counters
 
         # Opened first, outside `_call`: a local failure (ENOENT, EACCES...) stays an
@@ -784,9 +826,13 @@ class GcsBucket:
         session: requests.Session = self._client._http
         url = self._upload_url
         headers = {"Content-Type": f'multipart/related; boundary="{boundary}"'}
-        timeout = self._timeout_s or None
+        timeout = self._upload_timeout_s or None
+
+        tries = 0
 
         def attempt() -> dict[str, Any]:
+            nonlocal tries
+            tries += 1
             body = _FileBody(head, fd, size, tail)  # anew each attempt: from the start
             response = session.post(url, params=params, data=body, headers=headers, timeout=timeout)
             if response.status_code >= 400:
@@ -794,12 +840,29 @@ class GcsBucket:
             result: dict[str, Any] = response.json()
             return result
 
-        answer = retry(attempt)() if retry is not None else attempt()
+        try:
+            answer = retry(attempt)() if retry is not None else attempt()
+        except api_exceptions.PreconditionFailed:
+            # A retry whose precondition fails may be failing on our own first attempt:
+            # GCS made the object and its answer was lost (a reset, a stall cut short).
+            # Then the live object holds exactly these bytes, and the upload succeeded.
+            own = self._own_upload(name, crc, size) if tries > 1 else None
+            if own is None:
+                raise
+            answer = own
         if answer.get("crc32c", crc) != crc or int(answer.get("size", size)) != size:
             raise BackendError(f"gs://{self.name}/{name}: GCS holds other bytes than were sent")
         blob = self._bucket.blob(name)
         blob._set_properties(answer)  # as the library reads its own upload's answer
         return _info(blob)
+
+    def _own_upload(self, name: str, crc: str, size: int) -> dict[str, Any] | None:
+        """The resource of live object ``name`` if it holds ``size`` bytes with checksum
+        ``crc`` (what this client just sent), else None; in the calling worker thread."""
+        blob = self._bucket.get_blob(name, retry=self._retry, timeout=self._timeout_s)
+        if blob is None or blob.crc32c != crc or blob.size != size:
+            return None
+        return dict(blob._properties)
 
     async def write_bytes(
         self,
@@ -813,8 +876,8 @@ class GcsBucket:
         check_name(name)
         body = bytes(data)
         blob_metadata = dict(metadata) if metadata else None
-        retry = self._retry if if_generation_match is not None else None
-        bucket, timeout, chunk_bytes = self._bucket, self._timeout_s, self._chunk_bytes
+        retry = self._upload_retry if if_generation_match is not None else None
+        bucket, timeout, chunk_bytes = self._bucket, self._upload_timeout_s, self._chunk_bytes
 
         def run() -> ObjectInfo:
             blob = bucket.blob(name, chunk_size=chunk_bytes)
@@ -893,18 +956,21 @@ class GcsBucket:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _make_retry(self, settings: RetrySettings, max_attempts: int) -> _BoundedRetry:
+    def _make_retry(
+        self, settings: RetrySettings, max_attempts: int, *, deadline_s: float | None = None
+    ) -> _BoundedRetry:
         counters = self._counters
 
-        def on_retry() -> None:
+        def on_retry(exc: Exception) -> None:
             counters.add(retries=1, requests=1)
+            self.last_error = _describe(exc)  # one str assignment: atomic under the GIL
 
         return _BoundedRetry(
             predicate=_is_transient,
             initial=settings.initial_sleep_s,
             maximum=settings.max_sleep_s,
             multiplier=settings.multiplier,
-            timeout=settings.deadline_s,
+            timeout=deadline_s if deadline_s is not None else settings.deadline_s,
             max_attempts=max_attempts,
             on_retry=on_retry,
         )

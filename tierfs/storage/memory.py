@@ -117,6 +117,7 @@ class MemoryBucket:
         self._next_generation = _FIRST_GENERATION
         self._faults: list[tuple[str, Exception]] = []
         self._counters = dict.fromkeys(STAT_KEYS, 0)
+        self.last_error = ""  # as GcsBucket's: the last injected failure, in one line
 
     # -- test hooks ----------------------------------------------------------------------
 
@@ -323,6 +324,7 @@ class MemoryBucket:
             if target in ("*", operation):
                 del self._faults[index]
                 self._counters["errors"] += 1
+                self.last_error = str(error)
                 raise error
 
     def _counted(self, run: Callable[[], T]) -> T:

@@ -1,0 +1,217 @@
+"""Faults at the HTTP level through real mounts: the mount stays up, no request waits
+past its bound, bytes are never wrong.
+
+The fault proxy (tests/faults.py) stands between the daemon and the emulator; the daemon
+reaches it through ``--custom-endpoint`` exactly as it would reach GCS. Bounds are set
+low here (a few seconds) so that a test waits for them in seconds; their defaults are
+checked where the options are read (test_bounds_default_to_gcsfuse_and_two_minutes).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from google.cloud import storage
+
+import mount_options
+from tests.conftest import MountFactory
+from tests.faults import MEDIA, UPLOADS, Action, FaultProxy, Faults, Rule
+from tests.mounting import stats
+from tierfs.emulator import Emulator
+from tierfs.mount import retry_settings
+
+pytestmark = pytest.mark.mount
+
+
+def elapsed(fn, *args) -> tuple[float, object]:
+    """(seconds fn(*args) took, what it returned or the OSError it raised)."""
+    start = time.monotonic()
+    try:
+        result: object = fn(*args)
+    except OSError as err:
+        result = err
+    return time.monotonic() - start, result
+
+
+def log_text(mount) -> str:
+    return mount.log.read_text(encoding="utf-8", errors="replace")
+
+
+# --- the proxy itself ------------------------------------------------------------------------
+
+
+def test_the_fault_proxy_applies_its_rules(fault_proxy: FaultProxy, bucket_name: str) -> None:
+    """Each action does what it says, to the requests its rule names, and only those."""
+    url = f"{fault_proxy.endpoint}/storage/v1/b/{bucket_name}/o"
+    faults = fault_proxy.faults
+    faults.add(Rule(Action(status=503), method="GET", target=r"/o$", nth=1))
+    assert requests.get(url, timeout=10).status_code == 503
+    assert requests.get(url, timeout=10).status_code == 200  # only the first
+    faults.add(Rule(Action(reset=True), target=r"/o\?reset", times=1))
+    with pytest.raises(requests.ConnectionError):
+        requests.get(url + "?reset=1", timeout=10)
+    faults.add(Rule(Action(truncate=True), target=r"/o\?cut", times=1))
+    with pytest.raises(requests.RequestException):
+        requests.get(url + "?cut=1", timeout=10).json()
+    faults.add(Rule(Action(stall_s=1.0), target=r"/o\?slow", times=1))
+    took, answer = elapsed(requests.get, url + "?slow=1")
+    assert took >= 1.0 and answer.status_code == 200  # type: ignore[union-attr]
+    faults.add(Rule(Action(status=500), method="POST"))  # a rule for others: no effect here
+    assert requests.get(url, timeout=10).status_code == 200
+    assert faults.fired == 4
+
+
+def test_bounds_default_to_gcsfuse_and_two_minutes() -> None:
+    """What a user gets without options: requests give up after 120 s (gcsfuse retries for
+    ever), uploads after gcsfuse's chunk deadline (120 s), an upload that sends or hears
+    nothing for 10 s is cut, reads follow gcsfuse's read-stall timeout (20 s at first)."""
+    line = mount_options.parse_flags([]).parsed
+    settings = retry_settings(mount_options.load(line, bucket="b", mountpoint="/mnt"))
+    assert settings.deadline_s == 120
+    assert settings.upload_deadline_s == 120
+    assert settings.upload_stall_s == 10
+    assert settings.read_stall is not None and settings.read_stall.enabled
+    assert settings.read_stall.initial_s == 20
+    line = mount_options.parse_flags(["--request-deadline-secs=0"]).parsed
+    settings = retry_settings(mount_options.load(line, bucket="b", mountpoint="/mnt"))
+    assert settings.deadline_s is None and settings.upload_deadline_s == 120
+
+
+# --- requests that keep failing end, and say so while they wait ----------------------------
+
+
+def test_mkdir_against_a_run_of_500s_fails_within_its_deadline_and_warns(
+    mount_factory: MountFactory, fault_proxy: FaultProxy
+) -> None:
+    """Every request about the new directory is answered 500, for ever: mkdir fails with
+    EIO once its deadline (3 s) has passed, a WARNING names the operation and the path
+    while it waits, and the mount keeps serving. Once GCS answers again, mkdir works."""
+    mount = mount_factory(fault_proxy.option, "--request-deadline-secs=3", "--slow-request-secs=1")
+    mount.expect_errors = True
+    rule = fault_proxy.faults.add(Rule(Action(status=500), target="stuck"))
+    took, result = elapsed(os.mkdir, mount.path / "stuck")
+    assert isinstance(result, OSError) and result.errno == errno.EIO
+    assert 1 <= took < 20, took  # api_core stops before a sleep would pass the deadline
+    text = log_text(mount)
+    assert "/stuck: still waiting after" in text
+    assert "GCS last failed with: HTTP 500" in text
+    assert rule.fired >= 2  # it was retried
+    assert os.listdir(mount.path) == []  # the mount is up
+    assert stats(mount)["requests"]["slow_warnings"] >= 1
+    fault_proxy.faults.stop()
+    os.mkdir(mount.path / "stuck")
+    assert (mount.path / "stuck").is_dir()
+
+
+def test_close_with_gcs_unreachable_fails_within_the_upload_deadline(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """Every upload's connection is reset (the endpoint is gone): close() of a new file
+    fails with EIO after the upload deadline (3 s), and nothing partial is in the bucket.
+    The mount stays up, and the next save goes through once GCS is back."""
+    mount = mount_factory(fault_proxy.option, "--chunk-retry-deadline-secs=3")
+    mount.expect_errors = True
+    fault_proxy.faults.add(Rule(Action(reset=True), target=UPLOADS))
+    stream = open(mount.path / "lost.bin", "wb")
+    stream.write(b"x" * 100_000)
+    took, result = elapsed(stream.close)
+    assert isinstance(result, OSError) and result.errno == errno.EIO, result
+    assert took < 30, took
+    assert [b.name for b in gcs_client.list_blobs(bucket_name)] == []
+    fault_proxy.faults.stop()
+    (mount.path / "kept.bin").write_bytes(b"y" * 1000)
+    assert gcs_client.bucket(bucket_name).blob("kept.bin").download_as_bytes() == b"y" * 1000
+
+
+# --- stalls are cut, not waited out ----------------------------------------------------------
+
+
+def test_a_stalled_read_is_cut_and_retried(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """The first download of an object stalls for 60 s. With a read-stall timeout of 1 s
+    the read is cut, retried, and returns the right bytes in seconds; stats count it."""
+    data = os.urandom(3 << 20)
+    gcs_client.bucket(bucket_name).blob("model.bin").upload_from_string(data)
+    mount = mount_factory(fault_proxy.option, "--read-stall-initial-req-timeout=1s")
+    rule = fault_proxy.faults.add(Rule(Action(stall_s=60), method="GET", target=MEDIA, times=1))
+    took, result = elapsed((mount.path / "model.bin").read_bytes)
+    assert result == data
+    assert rule.fired == 1 and took < 30, took
+    assert stats(mount)["gcs"]["read_stalls"] >= 1
+
+
+def test_a_stalled_upload_is_cut_and_retried(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """The answer to the first upload is held back for 60 s (GCS has the object; the
+    client does not know). With chunk-transfer-timeout 1 s the upload is cut and sent again;
+    the retry's precondition fails because the first attempt made the object, and tierfs
+    recognises its own bytes: close() succeeds, the bucket holds the file once, whole."""
+    mount = mount_factory(fault_proxy.option, "--chunk-transfer-timeout-secs=1")
+    rule = fault_proxy.faults.add(Rule(Action(stall_s=60), method="POST", target=UPLOADS, times=1))
+    data = os.urandom(200_000)
+    took, result = elapsed((mount.path / "ckpt.bin").write_bytes, data)
+    assert result == len(data), result
+    assert rule.fired == 1 and took < 30, took
+    assert gcs_client.bucket(bucket_name).blob("ckpt.bin").download_as_bytes() == data
+    assert (mount.path / "ckpt.bin").read_bytes() == data
+
+
+# --- a failed fill never ends the daemon -----------------------------------------------------
+
+
+def test_a_fill_whose_downloads_fail_leaves_the_mount_up(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """With an SSD tier, a first read starts a fill of the whole object in the background
+    (two downloads at a time over a link of 4 MB/s each, so it is still running). Then
+    every download fails (503, one attempt allowed): the daemon stays up, ls works, the
+    fill's failure is counted, and once GCS answers again the whole object reads back."""
+    data = os.urandom(64 << 20)
+    gcs_client.bucket(bucket_name).blob("big.bin").upload_from_string(data)
+    proxy = FaultProxy(emulator, Faults(), rate_bytes_s=4e6).start()
+    try:
+        mount = mount_factory(
+            proxy.option,
+            f"--cache-dir={tmp_path / 'cache'}",
+            "--max-retry-attempts=1",
+            "--file-cache-parallel-downloads-per-file=2",
+        )
+        mount.expect_errors = True
+        with open(mount.path / "big.bin", "rb") as stream:
+            assert stream.read(4096) == data[:4096]
+            proxy.faults.add(Rule(Action(status=503), method="GET", target=MEDIA))
+            stream.seek(60 << 20)
+            with pytest.raises(OSError) as failed:
+                stream.read(1 << 20)
+            assert failed.value.errno == errno.EIO
+        assert proxy.faults.fired >= 1
+        assert os.listdir(mount.path) == ["big.bin"]
+        assert mount.pids(), "the daemon is gone"
+        deadline = time.monotonic() + 60  # the fill's downloads in flight finish first
+        while stats(mount)["data"]["fill_errors"] < 1:
+            assert time.monotonic() < deadline, "the failed fill was never counted"
+            time.sleep(0.1)
+        proxy.faults.stop()
+        assert (mount.path / "big.bin").read_bytes() == data
+    finally:
+        proxy.stop()
