@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from google.cloud import storage
 
-from tests.mounting import Mount
+from tests.mounting import Mount, stats
 from tierfs.emulator import Emulator
 
 MountFactory = Callable[..., Mount]
@@ -229,6 +229,25 @@ def test_file_and_dir_with_one_name_listing(area: Area, gcs_client: storage.Clie
     assert sorted(os.listdir(area.implicit)) == ["bar", "bar\n", "foo", "foo\n"]
     assert stat.S_ISDIR(os.stat(area.implicit / "bar").st_mode)
     assert (area.implicit / "bar" / "in").read_bytes() == b"bar inside"
+
+
+def test_names_that_would_collide_map_to_one_object_each(
+    area: Area, gcs_client: storage.Client
+) -> None:
+    """``foo``, ``foo/`` and an object named ``foo\\n`` (GCS refuses such names; an emulator
+    holds them): one entry per name, and ``foo\\n`` is the file ``foo``, never the other
+    object under ``foo``'s generation (that was ESTALE, and killed a daemon with a cache
+    dir). The hidden object is counted. A lone file is not also reachable as ``bar\\n``."""
+    conflict(area, gcs_client)
+    upload(gcs_client, area.bucket, area.obj("foo\n"), b"i am hidden")
+    upload(gcs_client, area.bucket, area.obj("bar"), b"lone")
+    for mount, root in ((area.pair.plain, area.plain), (area.pair.implicit, area.implicit)):
+        assert sorted(os.listdir(root)) == ["bar", "foo", "foo\n"]
+        assert (root / "foo\n").read_bytes() == b"i am the file"
+        with pytest.raises(FileNotFoundError):
+            (root / "bar\n").stat()
+        assert (root / "bar").read_bytes() == b"lone"
+        assert stats(mount)["hidden_names"] >= 1
 
 
 def test_file_and_dir_with_one_name_unlink_file(area: Area, gcs_client: storage.Client) -> None:

@@ -791,6 +791,7 @@ class Filesystem(Directories, WritePath, Renames):
             "data": self.blocks.statistics(),
             "metadata_cache": self.metadata.statistics(),
             "directories": dict(self.dir_counts),
+            "hidden_names": self.names.hidden_names,
             "passthrough": self.backings.statistics(),
             "inodes": len(self.inodes),
             "open_files": len(self.files),

@@ -7,7 +7,11 @@
   the file as ``foo\\n`` (gcsfuse's convention).
 * Objects whose names cannot be paths (``a//b``, ``./x``, ``../x``, a part
   longer than 255 bytes, a NUL) are hidden from listings and never looked up,
-  so no object name can reach outside the mount.
+  so no object name can reach outside the mount. So are names that end in a
+  line feed: ``foo\n`` already names the file ``foo`` beside a directory
+  ``foo`` (GCS refuses such names anyway; only an emulator holds them), and
+  that name resolves only while the directory exists. One name, one object,
+  always. Hidden names are counted (`hidden_names`).
 * Symlinks: an object with metadata ``gcsfuse_symlink_target`` (old format,
   empty body) or ``goog-reserved-file-is-symlink: true`` (new format, the
   target is the body; gcsfuse >= 3.9 writes both keys).
@@ -18,13 +22,14 @@ knows nothing of inodes or FUSE.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 
 from tierfs.errors import InvalidName, NameTooLong, NotFound
 from tierfs.storage import Bucket, ObjectInfo, check_name
@@ -32,11 +37,13 @@ from tierfs.storage import Bucket, ObjectInfo, check_name
 if TYPE_CHECKING:
     from tierfs.metacache import MetadataCache
 
+log = logging.getLogger("tierfs.names")
 MISSING: Any = object()  # "not in the metadata cache" (None means "cached: nothing there")
 SYMLINK_TARGET_KEY = "gcsfuse_symlink_target"
 SYMLINK_FLAG_KEY = "goog-reserved-file-is-symlink"
 CONFLICT_SUFFIX = "\n"
 LISTINGS_KEPT = 4096
+HIDDEN_KEPT = 100_000  # distinct hidden names remembered, to count and log each once
 NAME_MAX_BYTES = 255
 OBJECT_NAME_MAX_BYTES = 1024
 
@@ -57,10 +64,12 @@ class DirListing:
 
 
 def valid_part(part: str) -> bool:
+    """Whether an object's name part can be an entry of its own (see the module doc)."""
     return (
         part not in ("", ".", "..")
         and "\0" not in part
         and "/" not in part
+        and not part.endswith(CONFLICT_SUFFIX)
         and len(part.encode("utf-8", "surrogatepass")) <= NAME_MAX_BYTES
     )
 
@@ -116,6 +125,14 @@ class Namespace:
         self.listings: TTLCache[str, DirListing] | None = (
             TTLCache(maxsize=LISTINGS_KEPT, ttl=list_ttl_s, timer=clock) if list_ttl_s > 0 else None
         )
+        self._hidden: LRUCache[str, None] = LRUCache(maxsize=HIDDEN_KEPT)
+        self.hidden_names = 0  # distinct object names listed that no entry shows
+
+    def _hide(self, name: str) -> None:
+        if name not in self._hidden:
+            self.hidden_names += 1
+            log.info("gs://%s/%s: hidden (no path can name it)", self.bucket.name, name)
+        self._hidden[name] = None
 
     def learned(self, path: str, found: Found | None) -> None:
         """This mount changed ``path``: its new state is known without asking GCS."""
@@ -195,8 +212,7 @@ class Namespace:
     async def _lookup(self, path: str) -> Found | None:
         """Resolve one path with up to three concurrent requests (file, placeholder, implied)."""
         if path.endswith(CONFLICT_SUFFIX):
-            info = await self._stat(self.file_object(path))
-            return Found(False, info) if info is not None else None
+            return await self._lookup_beside(path[: -len(CONFLICT_SUFFIX)])
         file_name, dir_name = self.file_object(path), self.dir_object(path)
         results: dict[str, object] = {}
 
@@ -221,6 +237,17 @@ class Namespace:
         if isinstance(file_info, ObjectInfo):
             return Found(False, file_info)
         return None
+
+    async def _lookup_beside(self, path: str) -> Found | None:
+        """``path + "\\n"``: the file ``path`` while a directory ``path`` exists, else
+        nothing (it is not a second name of a lone file)."""
+        if path.endswith(CONFLICT_SUFFIX):
+            return None  # (``foo\n\n`` would be a hidden object's name)
+        found = await self.lookup(path)
+        if found is None or not found.is_dir:
+            return None
+        info = await self._stat(self.file_object(path))
+        return Found(False, info) if info is not None else None
 
     async def list_dir(self, path: str, *, fresh: bool = False) -> DirListing:
         """A directory's listing; ``fresh``: from GCS now, and not kept (a tree that a
@@ -250,12 +277,16 @@ class Namespace:
             part = sub[len(prefix) : -1]
             if valid_part(part):
                 dirs.append(part)
+            else:
+                self._hide(sub)
         dir_set = set(dirs)
         files = []
         for info in listing.objects:
             part = info.name[len(prefix) :]
             if not valid_part(part):
-                continue  # the placeholder itself (''), or a name no path can hold
+                if part:  # (not the placeholder itself)
+                    self._hide(info.name)
+                continue
             entry = part + CONFLICT_SUFFIX if part in dir_set else part
             files.append((entry, info))
             last = info is listing.objects[-1]
