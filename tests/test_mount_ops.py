@@ -788,6 +788,82 @@ def test_only_dir(mount_factory: MountFactory, gcs_client: storage.Client) -> No
 # --- statfs and unsupported operations -----------------------------------------------------------
 
 
+# --- times of directories and symlinks, and of the parent --------------------------------
+
+
+T = 1_950_000_000  # a time no test run could stumble on by itself
+LONG_AGO = 1_000_000_000
+
+
+def test_directory_and_symlink_times_are_kept_in_their_objects(
+    area: Area, gcs_client: storage.Client
+) -> None:
+    """``touch -d @T DIR`` and ``touch -h -d @T LINK`` set mtimes that stat shows and that
+    the placeholder and the symlink object carry (gcsfuse_mtime), so another mount sees
+    them. They were accepted and dropped."""
+    os.mkdir(area.path / "d")
+    os.symlink("target", area.path / "link")
+    os.utime(area.path / "d", (T, T))
+    os.utime(area.path / "link", (T, T), follow_symlinks=False)
+    assert os.stat(area.path / "d").st_mtime == T
+    assert os.lstat(area.path / "link").st_mtime == T
+    for name in ("d/", "link"):
+        blob = gcs_client.bucket(area.bucket).get_blob(area.obj(name))
+        assert blob is not None and blob.metadata["gcsfuse_mtime"].startswith("2031-10-17"), name
+
+
+def test_a_directory_with_no_object_keeps_its_time_for_this_mount_only(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """An implied directory (objects below it, no placeholder) and the mount root have no
+    object to carry an mtime: it is kept while mounted (so rsync -a and cp -a work), GCS
+    gets nothing (no placeholder appears), and a new mount does not show it."""
+    gcs_client.bucket(bucket_name).blob("implied/x").upload_from_string(b"x")
+    mount = mount_factory("--implicit-dirs")
+    os.utime(mount.path / "implied", (T, T))
+    os.utime(mount.path, (T, T))
+    assert os.stat(mount.path / "implied").st_mtime == T
+    assert os.stat(mount.path).st_mtime == T
+    assert [b.name for b in gcs_client.list_blobs(bucket_name)] == ["implied/x"]
+    mount.unmount()
+    again = mount_factory("--implicit-dirs", name="again")
+    assert os.stat(again.path / "implied").st_mtime != T
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["create", "mkdir", "symlink", "unlink", "rmdir", "rename-in", "rename-out"],
+)
+def test_adding_or_removing_an_entry_moves_the_parents_mtime_and_ctime(
+    area: Area, change: str
+) -> None:
+    """As on a local file system: the parent's mtime and ctime move forward when an entry
+    is added or removed (rmdir and symlink left them unchanged)."""
+    parent = area.path / "p"
+    os.mkdir(parent)
+    (area.path / "other").write_bytes(b"o")
+    if change in ("unlink",):
+        (parent / "f").write_bytes(b"f")
+    if change == "rmdir":
+        os.mkdir(parent / "sub")
+    if change == "rename-out":
+        (parent / "f").write_bytes(b"f")
+    os.utime(parent, (LONG_AGO, LONG_AGO))  # so that any change is visible
+    before = os.stat(parent)
+    {
+        "create": lambda: (parent / "new").write_bytes(b"n"),
+        "mkdir": lambda: os.mkdir(parent / "newdir"),
+        "symlink": lambda: os.symlink("t", parent / "ln"),
+        "unlink": lambda: os.unlink(parent / "f"),
+        "rmdir": lambda: os.rmdir(parent / "sub"),
+        "rename-in": lambda: os.rename(area.path / "other", parent / "moved"),
+        "rename-out": lambda: os.rename(parent / "f", area.path / "moved-out"),
+    }[change]()
+    after = os.stat(parent)
+    assert after.st_mtime_ns > before.st_mtime_ns, change
+    assert after.st_ctime_ns > before.st_ctime_ns, change
+
+
 def test_statfs(area: Area) -> None:
     st = os.statvfs(area.path)
     # gcsfuse's fake capacity: 2^33 blocks of 128 KiB, 2^50 inodes.

@@ -727,3 +727,17 @@ def test_sync_after_rm_rf_means_the_objects_are_gone(
         "old/f0": b"again",
     }
     assert stats(mount)["writeback"]["deleting"] == 0
+
+
+def test_a_time_set_on_a_new_directory_goes_up_with_its_placeholder(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """With write-back, mkdir is local: a time set on the directory before its placeholder
+    is uploaded is carried by the placeholder (gcsfuse_mtime), and stat shows it at once."""
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    os.mkdir(mount.path / "d")
+    os.utime(mount.path / "d", (1_950_000_000, 1_950_000_000))
+    assert os.stat(mount.path / "d").st_mtime == 1_950_000_000
+    assert tierfs_sync(mount).returncode == 0
+    blob = gcs_client.bucket(bucket_name).get_blob("d/")
+    assert blob is not None and blob.metadata["gcsfuse_mtime"].startswith("2031-10-17")

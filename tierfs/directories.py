@@ -138,6 +138,7 @@ class Directories(_Base):
         )
         self.inodes.remember(inode)
         self.owned.added(path)
+        self._entries_changed(path)
         return inode
 
     async def _mkdir_local(self, path: str) -> Inode:
@@ -153,6 +154,7 @@ class Directories(_Base):
             inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
         self.names.forget(path)  # a negative entry, and the parent's kept listing
         self.owned.made(path)
+        self._entries_changed(path)
         self.inodes.remember(inode)
         await self._commit(inode)
         self._queue_if_closed(inode)
@@ -191,6 +193,7 @@ class Directories(_Base):
                     pass  # an implicit directory: nothing to delete
         self._removed(path)
         self.owned.removed(path, is_dir=True)
+        self._entries_changed(path)
         self.pending_deletes.dir_removed(path)
         self._emptied.pop(path, None)
         self.inodes.detach(inode)

@@ -500,6 +500,7 @@ class Filesystem(Directories, WritePath, Renames):
             raise AlreadyExists(path)
         inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
         self.owned.added(path)
+        self._entries_changed(path)
         with self._staging():
             inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
         self._make_spares()
@@ -626,8 +627,15 @@ class Filesystem(Directories, WritePath, Renames):
                 raise IsADirectory(inode.path)
             self._writable()
             await self._truncate(inode, size)
-        if mtime_ns is not None and inode.kind is Kind.FILE:
-            await self._set_mtime(inode, mtime_ns)
+        if mtime_ns is not None:
+            self._writable()
+            if inode.kind is Kind.FILE:
+                await self._set_mtime(inode, mtime_ns)
+            elif inode.kind is Kind.DIR:
+                await self._set_dir_mtime(inode, mtime_ns)
+            else:  # a symlink: its object was written at symlink()
+                inode.mtime_ns = mtime_ns
+                await self._patch_mtime(inode, self.names.file_object(inode.path), mtime_ns)
         if inode.open_handles == 0 and inode.staged is not None:
             # Path-based truncate (no open file): nothing else will upload it.
             await self._persist(inode)
@@ -646,6 +654,50 @@ class Filesystem(Directories, WritePath, Renames):
             inode.staged.truncate(size)
             inode.mtime_ns = self.clock_ns()
 
+    def _entries_changed(self, *paths: str) -> None:
+        """An entry was added or removed at each of ``paths``: their directories' mtime (and
+        so ctime) is now, as on a local file system. Kept in memory: a placeholder object
+        is not rewritten for every file created in its directory (gcsfuse does not either)."""
+        now = self.clock_ns()
+        for path in paths:
+            parent = self.inodes.current(path.rsplit("/", 1)[0] if "/" in path else "")
+            if parent is not None and parent.kind is Kind.DIR:
+                parent.mtime_ns = now
+
+    async def _set_dir_mtime(self, inode: Inode, mtime_ns: int) -> None:
+        """A directory's mtime lives in its placeholder's metadata (gcsfuse_mtime), written
+        now, or with the placeholder if it is still a write-back record. A directory with no
+        placeholder (implied by the objects below it, or the mount root) keeps it for this
+        mount only: nothing in GCS can carry it (docs/semantics.md)."""
+        inode.mtime_ns = mtime_ns
+        if not inode.placeholder or inode.ino == ROOT_INO:
+            return
+        async with self._lock(inode):  # (its placeholder may be uploading)
+            if inode.staged is not None:  # still a write-back record: goes up with it
+                inode.metadata = {**inode.metadata, MTIME_KEY: format_mtime(mtime_ns)}
+                inode.staged.touch()
+                return
+            found = await self.names.lookup(inode.path)
+            if found is None or not found.placeholder or found.info is None:
+                return  # the placeholder went away meanwhile: implied, this mount only
+            info = await self.bucket.update_metadata(
+                self.names.dir_object(inode.path),
+                {MTIME_KEY: format_mtime(mtime_ns)},
+                generation=found.info.generation,
+            )
+            self.names.learned(inode.path, Found(True, info, placeholder=True))
+
+    async def _patch_mtime(self, inode: Inode, object_name: str, mtime_ns: int) -> None:
+        """Set gcsfuse_mtime on the inode's uploaded object (a file or a symlink) without
+        rewriting its bytes."""
+        async with self._lock(inode):
+            info = await self.bucket.update_metadata(
+                object_name, {MTIME_KEY: format_mtime(mtime_ns)}, generation=inode.generation
+            )
+            inode.metageneration = info.metageneration
+            inode.metadata = dict(info.metadata)
+            self.names.learned(inode.path, Found(False, info))
+
     async def _set_mtime(self, inode: Inode, mtime_ns: int) -> None:
         inode.mtime_ns = mtime_ns
         self._end_stream(inode)  # the mtime goes in the object's metadata, set at upload
@@ -653,15 +705,7 @@ class Filesystem(Directories, WritePath, Renames):
             if inode.staged is not None:
                 inode.staged.touch()
             return
-        async with self._lock(inode):
-            info = await self.bucket.update_metadata(
-                self.names.file_object(inode.path),
-                {MTIME_KEY: format_mtime(mtime_ns)},
-                generation=inode.generation,
-            )
-            inode.metageneration = info.metageneration
-            inode.metadata = dict(info.metadata)
-            self.names.learned(inode.path, Found(False, info))
+        await self._patch_mtime(inode, self.names.file_object(inode.path), mtime_ns)
 
     # -- unlink, symlink, rename -----------------------------------------------------------------
 
@@ -685,6 +729,7 @@ class Filesystem(Directories, WritePath, Renames):
             self._end_stream(inode)
             self._removed(path, below=False)
             self.owned.removed(path)
+            self._entries_changed(path)
             self.inodes.detach(inode)
             if inode.open_handles == 0:
                 self._drop_staged(inode)  # a write-back file not uploaded yet: never will be
@@ -776,6 +821,7 @@ class Filesystem(Directories, WritePath, Renames):
         )
         self.inodes.remember(inode)
         self.owned.added(path)
+        self._entries_changed(path)
         return inode
 
     def readlink(self, ino: int) -> str:

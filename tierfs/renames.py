@@ -137,6 +137,7 @@ class Renames(_Base):
         else:
             await self._rename_file(source, target, new_path)
         self.owned.moved(old_path, new_path, is_dir=source.kind is Kind.DIR)
+        self._entries_changed(old_path, new_path)
 
     async def _rename_file(self, source: Inode, target: Inode | None, new_path: str) -> None:
         if target is not None and target.kind is Kind.DIR:

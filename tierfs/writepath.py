@@ -339,8 +339,8 @@ class WritePath(_Base):
         return True
 
     def _upload_metadata(self, inode: Inode) -> dict[str, str]:
-        if inode.kind is Kind.DIR:
-            return {}  # a placeholder, as mkdir writes it
+        if inode.kind is Kind.DIR:  # a placeholder, as mkdir writes it (+ a time set on it)
+            return dict(inode.metadata)
         metadata = dict(inode.metadata)
         metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
         return metadata
