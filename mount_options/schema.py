@@ -503,7 +503,13 @@ SCHEMA: tuple[Option, ...] = (
         "How long the kernel keeps directory listings (own changes drop them); -1 forever, 0 off.",
         minimum=-1,
     ),
-    _opt("file-system:ignore-interrupts", _B, True, "Do not cancel operations on interrupts."),
+    _opt(
+        "file-system:ignore-interrupts",
+        _B,
+        True,
+        "A signal to the caller does not cancel its request; false: it cancels lookups, "
+        "stats, listings and reads (EINTR). A killed caller is let go either way.",
+    ),
     _opt(
         "file-system:disable-parallel-dirops",
         _B,

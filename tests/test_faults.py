@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -170,6 +172,49 @@ def test_a_stalled_upload_is_cut_and_retried(
     assert rule.fired == 1 and took < 30, took
     assert gcs_client.bucket(bucket_name).blob("ckpt.bin").download_as_bytes() == data
     assert (mount.path / "ckpt.bin").read_bytes() == data
+
+
+# --- a killed caller is let go ----------------------------------------------------------------
+
+
+def test_a_process_killed_while_its_lookup_stalls_is_let_go(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """A stat whose GCS requests stall (15 s) holds its caller in the kernel, where even
+    SIGKILL waits for the daemon's answer. The kernel sends FUSE INTERRUPT, and the
+    daemon answers EINTR for a request that changes nothing: the killed process is gone
+    within seconds, at default options. The mount goes on serving the name.
+
+    (Reads through the page cache are not the case: the kernel sends them in the
+    background and lets a killed reader go by itself.)"""
+    gcs_client.bucket(bucket_name).blob("stuck.bin").upload_from_string(b"s")
+    mount = mount_factory(fault_proxy.option)
+    # Every metadata request stalls: the name's stat, and the listing a first lookup
+    # starts (its answer would serve the stat).
+    rule = fault_proxy.faults.add(Rule(Action(stall_s=15), method="GET", target=r"^/storage/"))
+    caller = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.stat({str(mount.path / 'stuck.bin')!r})"]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while rule.fired == 0:  # its lookup's request is now held by the proxy
+            assert caller.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        started = time.monotonic()
+        caller.kill()
+        caller.wait(timeout=90)
+        took = time.monotonic() - started
+        fault_proxy.faults.stop()  # (the requests held already stay held)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    assert took < 5, f"the killed process took {took:.1f} s to go"
+    assert stats(mount)["requests"]["interrupted"] == 1
+    assert (mount.path / "stuck.bin").read_bytes() == b"s"
 
 
 # --- a failed fill never ends the daemon -----------------------------------------------------

@@ -53,6 +53,7 @@ from tierfs.errors import (
 )
 from tierfs.handles import DirHandle, FileHandle, HandleTable
 from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
+from tierfs.interrupts import Interrupts
 from tierfs.metacache import MetadataCache, size_limit, ttl_s
 from tierfs.namespace import (
     SYMLINK_FLAG_KEY,
@@ -113,6 +114,7 @@ class Settings:
     max_streams: float = 0  # new files uploaded while written (streaming writes) at a time
     stream_chunk_bytes: int = 32 << 20
     slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.watchdog)
+    ignore_interrupts: bool = True  # gcsfuse's: a signal does not cancel (a death does)
 
     @classmethod
     def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
@@ -152,6 +154,7 @@ class Settings:
             cache_for_range_read=config["file-cache:cache-file-for-range-read"],
             passthrough=config["file-cache:passthrough"],
             slow_request_s=float(config["logging:slow-request-secs"]),
+            ignore_interrupts=config["file-system:ignore-interrupts"],
         )
 
 
@@ -293,6 +296,7 @@ class Filesystem(Directories, WritePath, Renames):
         # The FUSE requests being served, and warnings about slow ones (its run() is
         # started beside the request loop).
         self.inflight = InFlight(settings.slow_request_s, lambda: bucket.last_error)
+        self.interrupts = Interrupts(ignore=settings.ignore_interrupts)  # FUSE INTERRUPT
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
         self.dir_counts = {"opens": 0, "kept": 0, "listings_served": 0}
@@ -846,6 +850,7 @@ class Filesystem(Directories, WritePath, Renames):
             "flushes_held": self.flushes_held,
             "requests": {
                 "in_flight": len(self.inflight),
+                "interrupted": self.interrupts.cancelled,
                 "longest_wait_s": round(self.inflight.longest_wait_s(), 3),
                 "slow_warnings": self.inflight.warnings,
             },

@@ -37,6 +37,14 @@ log = logging.getLogger("tierfs.fuse")
 KERNEL_LIST_CACHE = "cache_readdir" in dir(pyfuse3.FileInfo)
 # ... and lets open hand the kernel a backing file to read (FUSE passthrough).
 PASSTHROUGH = hasattr(pyfuse3, "backing_open")
+# ... and tells a handler its request's id, and the file system of a FUSE INTERRUPT.
+INTERRUPTS = hasattr(pyfuse3, "current_request")
+# What may be abandoned when its caller is interrupted: requests that change nothing, so
+# answering EINTR midway leaves nothing half done (docs/semantics.md). Their GCS calls
+# are abandoned too (the thread finishes in the background, its answer dropped).
+ABANDONABLE = frozenset(
+    {"lookup", "getattr", "readdir", "opendir", "read", "readlink", "statfs", "listxattr"}
+)
 
 
 def kernel_drops_listings(release: str) -> bool:
@@ -66,6 +74,8 @@ def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         inflight = self.fs.inflight
         number = inflight.begin(op, self.describe, args[1:])
         try:
+            if op in ABANDONABLE and INTERRUPTS:
+                return await self.fs.interrupts.run(op, fn, args, kwargs)
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
@@ -177,6 +187,10 @@ class Operations(pyfuse3.Operations):
                 else args[1].decode("utf-8", "replace")
             )
         return "/" + path
+
+    def interrupt(self, unique: int) -> None:
+        """FUSE INTERRUPT of request ``unique`` (the patched pyfuse3 calls this)."""
+        self.fs.interrupts.interrupted(unique)
 
     @staticmethod
     def _kernel_forget(parent_ino: int, name: str) -> None:

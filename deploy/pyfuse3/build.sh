@@ -2,7 +2,7 @@
 # Install pyfuse3 with tierfs's patch, linked to libfuse 3.17, into the environment of
 # the Python given ($1).
 #
-# Why a patch (tierfs.patch, 4 files):
+# Why a patch (tierfs.patch, 5 files):
 # - pyfuse3's opendir can return only a file handle, so a file system cannot ask the
 #   kernel to cache a directory's listing (FOPEN_CACHE_DIR) and keep it across opens
 #   (FOPEN_KEEP_CACHE). That is what gcsfuse's kernel-list-cache-ttl-secs does: a warm
@@ -17,6 +17,10 @@
 #   file from a forked child's exit or the close of a dup'd fd (each is a FLUSH) and
 #   publishes a file still being written. With the patch, a file system that sets
 #   flush_takes_context gets flush(fh, ctx), the context holding the closer's pid.
+# - pyfuse3 ignores FUSE INTERRUPT, so a process killed while its read waits on GCS
+#   stays in D state until the read ends. With the patch, a handler can learn its
+#   request's id (pyfuse3.current_request()) and a file system with an interrupt(id)
+#   method hears of every INTERRUPT, to cancel that request and answer EINTR.
 #
 # Why libfuse 3.17: the passthrough fields of the INIT and OPEN replies exist from
 # libfuse 3.16; Debian 12 ships 3.14. We build libfuse 3.17.2 from Debian 13's source
@@ -31,7 +35,7 @@ if [[ "$PY" == */* ]]; then  # a path: made absolute (the build runs elsewhere),
   PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 fi
 VERSION=3.5.0
-LOCAL=tierfs.3
+LOCAL=tierfs.4
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 FUSE_VERSION=3.17.2
 FUSE_URL=http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_$FUSE_VERSION.orig.tar.gz
@@ -58,7 +62,7 @@ PATH="$bindir:$PATH" "$bindir/meson" setup "$work/fuse-build" "$work/fuse-$FUSE_
 PATH="$bindir:$PATH" "$bindir/ninja" -C "$work/fuse-build" install >"$work/ninja.log" \
   || { cat "$work/ninja.log"; exit 1; }
 
-echo "building pyfuse3 $VERSION+$LOCAL (deploy/pyfuse3: the kernel's list cache, passthrough)"
+echo "building pyfuse3 $VERSION+$LOCAL (deploy/pyfuse3: the kernel's list cache, passthrough, interrupts)"
 "$PY" -m pip download -q --no-deps --no-binary :all: "pyfuse3==$VERSION" -d "$work"
 echo "$SHA256  $work/pyfuse3-$VERSION.tar.gz" | sha256sum -c --quiet
 tar -xzf "$work/pyfuse3-$VERSION.tar.gz" -C "$work"

@@ -8,7 +8,9 @@ under one ``trio.CapacityLimiter`` per client: the limiter bounds concurrent req
 thrown away.  A thread gets only immutable inputs (names, numbers, copies of dicts) and
 builds its own ``Blob``; the only shared state threads touch is the statistics counter,
 behind a lock.  Cancelling a trio task waits for its request to finish (the HTTP timeout
-bounds that), so no thread outlives the call that started it.
+bounds that), so no thread outlives the call that started it; only requests that change
+nothing (reads, stats, lists) may be abandoned to finish alone, when a killed caller's
+FUSE request is interrupted (`tierfs.interrupts`).
 
 Retries.  gcsfuse's ``gcs-retries`` options (max attempts, backoff cap, multiplier) are
 mapped onto the library's own machinery, ``google.api_core.retry.Retry``, which wraps
@@ -609,7 +611,7 @@ class GcsBucket:
                 raise NotFound(f"gs://{bucket.name}/{name}: not found")
             return _info(blob)
 
-        return await self._call(run, f"gs://{self.name}/{name}", requests=1, stats=1)
+        return await self._call(run, f"gs://{self.name}/{name}", abandon=True, requests=1, stats=1)
 
     async def list(
         self,
@@ -647,7 +649,7 @@ class GcsBucket:
                     break
             return _listing(objects, prefixes, max_results)
 
-        return await self._call(run, f"gs://{self.name}/{prefix}*")
+        return await self._call(run, f"gs://{self.name}/{prefix}*", abandon=True)
 
     async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0:
@@ -710,7 +712,7 @@ class GcsBucket:
             return retry(attempt)()
 
         data = await self._call(
-            run, f"gs://{self.name}/{name}#{generation}", requests=1, media_reads=1
+            run, f"gs://{self.name}/{name}#{generation}", abandon=True, requests=1, media_reads=1
         )
         self._counters.add(bytes_read=len(data))
         return data
@@ -975,12 +977,19 @@ class GcsBucket:
             on_retry=on_retry,
         )
 
-    async def _call(self, run: Callable[[], T], what: str, **counts: int) -> T:
-        """Run ``run`` in a worker thread under the limiter; map its failure at the edge."""
+    async def _call(
+        self, run: Callable[[], T], what: str, *, abandon: bool = False, **counts: int
+    ) -> T:
+        """Run ``run`` in a worker thread under the limiter; map its failure at the edge.
+        ``abandon``: a request that changes nothing (a read, a stat, a list) may be left to
+        finish alone when the caller is cancelled (FUSE INTERRUPT of a killed reader); its
+        thread keeps its limiter token until it ends, within its HTTP timeouts."""
         if counts:
             self._counters.add(**counts)
         try:
-            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+            return await trio.to_thread.run_sync(
+                run, limiter=self._limiter, abandon_on_cancel=abandon
+            )
         except Exception as exc:
             error = _map_error(exc, what)
             if not isinstance(error, NotFound | PreconditionFailed):
