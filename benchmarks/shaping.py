@@ -73,9 +73,13 @@ _HEAD_LIMIT = 16 * 1024
 
 
 def _abort(sock: socket.socket) -> None:
-    """Close with a TCP reset (SO_LINGER 0), as a crashed peer or a middlebox would."""
+    """End the connection at once with a TCP reset (SO_LINGER 0), as a crashed peer or a
+    middlebox would. shutdown() first: a close() alone does not wake the other pump
+    thread blocked reading this socket, and until it wakes nothing is sent."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
     sock.close()
 
 

@@ -1011,3 +1011,39 @@ async def test_unmount_waits_for_the_ssd_copy_of_an_upload(tmp_path: Path) -> No
     pinned = await blocks.passthrough("ckpt", generation, len(data))
     assert pinned is not None  # sealed: the next mount may hand it to the kernel
     blocks.unpin(pinned)
+
+
+def test_a_background_task_that_fails_never_ends_the_nursery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The mount's nursery runs every background task; one that raises (an exception
+    group included, as a task with a nursery of its own raises) is logged at ERROR with
+    its traceback and counted, and the nursery and its other tasks go on."""
+    caplog.set_level(logging.ERROR, "tierfs.blocks")
+    failures: list[BaseException] = []
+    finished: list[str] = []
+
+    async def broken() -> None:
+        raise ValueError("nobody expected this")
+
+    async def broken_group() -> None:
+        async with trio.open_nursery() as inner:
+            inner.start_soon(broken)
+
+    async def steady() -> None:
+        await trio.sleep(1)
+        finished.append("steady")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            spawn = spawner(nursery, failures.append)
+            spawn(broken)
+            spawn(broken_group)
+            spawn(steady)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert finished == ["steady"]
+    assert len(failures) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert all("nobody expected this" in m for m in messages) and len(messages) == 2
+    assert all(r.exc_info is not None for r in caplog.records)

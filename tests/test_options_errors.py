@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -683,3 +684,35 @@ PREFETCH = [
     (TIERFS, "mount", "--dry-run", *DRY_SOURCES),
     DRY_HELPER,
 ]
+
+
+def test_an_internal_error_is_one_line_for_the_user_and_a_traceback_in_the_daemon_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The last line of defence: the user reads one line; a daemon (its log set up) also
+    logs the traceback at ERROR, so a background mount that dies says why in its log."""
+    from tierfs import cli
+
+    def broken(argv: list[str]) -> int:
+        raise RuntimeError("a bug")
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    assert cli._guarded(broken, []) == 1  # no log set up (a client command): nothing logged
+    assert records == []
+    daemon_log = logging.getLogger("tierfs")
+    handler = Keep()
+    daemon_log.addHandler(handler)
+    try:
+        assert cli._guarded(broken, []) == 1
+    finally:
+        daemon_log.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.count("tierfs: internal error: RuntimeError: a bug") == 2
+    assert "Traceback" not in err
+    assert [r.levelno for r in records] == [logging.ERROR]
+    assert records[0].exc_info is not None and "a bug" in records[0].getMessage()

@@ -422,8 +422,24 @@ class BlockReader:
         self._last = None
 
 
-def spawner(nursery: trio.Nursery) -> Spawn:
+def spawner(nursery: trio.Nursery, failed: Callable[[BaseException], None] | None = None) -> Spawn:
+    """``spawn(fn, *args)``: run ``fn(*args)`` in ``nursery``, the mount's own. A task that
+    raises (exception groups included) is logged at ERROR with its traceback and handed to
+    ``failed`` (counted in tierfs stats); it never reaches the nursery, which would end
+    the daemon and the mount with it. Tasks handle their own expected failures; this is
+    the net under the ones nobody expected."""
+
     def spawn(fn: Callable[..., Awaitable[object]], *args: object) -> None:
-        nursery.start_soon(fn, *args)
+        name = getattr(fn, "__qualname__", repr(fn))
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception as err:
+                log.error("background task %s failed: %s", name, root_cause(err), exc_info=err)
+                if failed is not None:
+                    failed(err)
+
+        nursery.start_soon(guarded, name=name)
 
     return spawn

@@ -8,6 +8,7 @@ No traceback reaches the user; ``TIERFS_DEBUG=1`` prints it for developers.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -85,6 +86,9 @@ def _guarded(run: Callable[[list[str]], int], argv: list[str]) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # the last line of defence: one line, never a traceback
+        daemon_log = logging.getLogger("tierfs")
+        if daemon_log.handlers:  # a daemon, its log set up: the whole story goes there
+            daemon_log.error("internal error, exiting: %s", err, exc_info=err)
         if os.environ.get("TIERFS_DEBUG"):
             traceback.print_exc()
         print(f"{PROG}: internal error: {type(err).__name__}: {err}", file=sys.stderr)

@@ -257,6 +257,7 @@ class Filesystem(Directories, WritePath, Renames):
         }
         self.owned = OwnedDirs()  # with write-back: directories made here, answered locally
         self.staging_errors = 0  # local files for writes that could not be made
+        self.background_errors = 0  # background tasks that failed unexpectedly (see spawner)
         self.write_requests = 0  # WRITEs the daemon served (none for passthrough files)
         self.flushes_held = 0  # FLUSHes that were not a last close, so uploaded nothing
         self.settings = settings
@@ -658,6 +659,10 @@ class Filesystem(Directories, WritePath, Renames):
             inode.staged.truncate(size)
             inode.mtime_ns = self.clock_ns()
 
+    def background_failed(self, error: BaseException) -> None:
+        """A background task died of an error nobody expected (logged by the spawner)."""
+        self.background_errors += 1
+
     def _entries_changed(self, *paths: str) -> None:
         """An entry was added or removed at each of ``paths``: their directories' mtime (and
         so ctime) is now, as on a local file system. Kept in memory: a placeholder object
@@ -846,6 +851,7 @@ class Filesystem(Directories, WritePath, Renames):
             "inodes": len(self.inodes),
             "open_files": len(self.files),
             "staging_errors": self.staging_errors,
+            "background_errors": self.background_errors,
             "write_requests": self.write_requests,
             "flushes_held": self.flushes_held,
             "requests": {
@@ -875,13 +881,18 @@ class Filesystem(Directories, WritePath, Renames):
 
     # -- shutdown ---------------------------------------------------------------------------------
 
-    async def sync_all(self, path: str = "", *, moves: bool = True) -> None:
+    async def sync_all(
+        self, path: str = "", *, moves: bool = True, stop_at_failure: bool = False
+    ) -> None:
         """Upload every dirty file now (``tierfs sync``, unmount, SIGTERM), write-back ones
         included; only ``path`` and what is below it, if given; SYNC_UPLOADS at a time (a
         save of small files is request latency, one by one it took 6 ms a file). Errors
-        are raised after trying all: the first, with how many failed."""
+        are raised after trying all: the first, with how many failed. ``stop_at_failure``:
+        after the first upload that fails (its retries over), try no more (an unmount with
+        write-back: the journal keeps the rest, and GCS is not answering)."""
         failures: list[Exception] = []
         limit = trio.CapacityLimiter(SYNC_UPLOADS)
+        stop = trio.CancelScope()
 
         async def one(inode: Inode) -> None:
             staged = inode.staged
@@ -891,16 +902,27 @@ class Filesystem(Directories, WritePath, Renames):
                     await self._sync(inode)
             except Exception as err:  # keep going: upload what can be uploaded
                 failures.append(err)
+                if stop_at_failure:
+                    stop.cancel()
             else:
                 if inode.open_handles == 0:
                     self._retire(inode)
 
-        async with trio.open_nursery() as nursery:
-            for inode in list(self.inodes.by_ino.values()):
-                if path and inode.path != path and not inode.path.startswith(path + "/"):
-                    continue
-                if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
-                    nursery.start_soon(one, inode)
+        with stop:
+            async with trio.open_nursery() as nursery:
+                for inode in list(self.inodes.by_ino.values()):
+                    if path and inode.path != path and not inode.path.startswith(path + "/"):
+                        continue
+                    if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
+                        nursery.start_soon(one, inode)
+        if stop.cancelled_caught:
+            log.warning(
+                "GCS fails (%s): %d file(s) stay in the write-back journal; the next mount "
+                "uploads them",
+                failures[0],
+                self.pending_uploads(),
+            )
+            return
         if len(failures) > 1:
             log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:
@@ -916,7 +938,9 @@ class Filesystem(Directories, WritePath, Renames):
         reads those files from local disk, directly. An upload error is logged, not raised:
         the daemon is going away either way (a write-back journal keeps the file)."""
         try:
-            await self.sync_all(moves=False)  # unbounded: without write-back, nothing else has them
+            # Without write-back nothing else has these files: try them all. With it, the
+            # journal has them: one upload that fails its retries ends the attempt.
+            await self.sync_all(moves=False, stop_at_failure=self.journal is not None)
         except Exception as err:
             log.error("pending writes could not be uploaded: %s", err)
         with trio.move_on_after(MOVES_AT_UNMOUNT_S):  # these are journaled: bounded

@@ -256,7 +256,7 @@ async def _serve_mounted(
     finished = False
     try:
         async with trio.open_nursery() as nursery:
-            fs.spawn = spawner(nursery)
+            fs.spawn = spawner(nursery, fs.background_failed)
             nursery.start_soon(_on_signals, fs, signalled)
             nursery.start_soon(serve_control, mountpoint, _control_handlers(fs))
             nursery.start_soon(fs.inflight.run)

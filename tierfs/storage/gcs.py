@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import functools
 import http.client
 import json
@@ -61,7 +62,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -74,7 +75,7 @@ import trio
 import urllib3
 from google.api_core import exceptions as api_exceptions
 from google.api_core.client_info import ClientInfo
-from google.api_core.retry import Retry
+from google.api_core.retry import Retry, exponential_sleep_generator, retry_target
 from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
@@ -163,10 +164,15 @@ class RetrySettings:
 
 
 class _RetriesExhausted(Exception):
-    """Raised from the retry hook when a request used up its attempts."""
+    """Raised from the retry hook when a request used up its attempts, or its time."""
 
-    def __init__(self, attempts: int, cause: Exception) -> None:
-        super().__init__(f"gave up after {attempts} attempts: {cause!r}")
+    def __init__(self, attempts: int, cause: Exception, seconds: float | None = None) -> None:
+        self.reason = (
+            f"gave up after {attempts} attempts"
+            if seconds is None
+            else f"gave up after {seconds:g} s, {attempts} attempts"
+        )
+        super().__init__(f"{self.reason}: {cause!r}")
         self.attempts = attempts
         self.cause = cause
 
@@ -198,7 +204,10 @@ def _is_transient(exc: Exception) -> bool:
 
 
 class _BoundedRetry(Retry):
-    """api_core's exponential-backoff `Retry`, plus a cap on the attempts of one request.
+    """api_core's exponential-backoff `Retry`, plus a cap on the attempts of one request,
+    and a deadline kept to the end: api_core gives up as soon as its next sleep would pass
+    the deadline (a request with 120 s may give up after 30), this one sleeps no further
+    than the deadline and tries once more there.
 
     ``Retry`` wraps one request at a time; each wrapped call gets its own attempt counter
     (a closure), so the object itself stays immutable and is shared by all threads.
@@ -219,25 +228,41 @@ class _BoundedRetry(Retry):
     def __call__(
         self, func: Callable[..., Any], on_error: Callable[[Exception], Any] | None = None
     ) -> Callable[..., Any]:
-        wrap = super().__call__
-        max_attempts, on_retry = self._max_attempts, self._on_retry
+        max_attempts, on_retry, deadline_s = self._max_attempts, self._on_retry, self._timeout
+        predicate, initial, maximum = self._predicate, self._initial, self._maximum
+        multiplier = self._multiplier
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             attempts = 1
+            give_up_at = time.monotonic() + deadline_s if deadline_s is not None else None
+
+            def sleeps() -> Iterator[float]:
+                for delay in exponential_sleep_generator(initial, maximum, multiplier):
+                    if give_up_at is not None:
+                        delay = min(delay, max(0.0, give_up_at - time.monotonic()))
+                    yield delay
 
             def before_retry(exc: Exception) -> None:
                 nonlocal attempts
                 _release(exc)
                 if max_attempts and attempts >= max_attempts:
                     raise _RetriesExhausted(attempts, exc) from exc
+                if give_up_at is not None and time.monotonic() >= give_up_at:
+                    raise _RetriesExhausted(attempts, exc, deadline_s) from exc
                 attempts += 1
                 if on_retry is not None:
                     on_retry(exc)
                 if on_error is not None:
                     on_error(exc)
 
-            return wrap(func, on_error=before_retry)(*args, **kwargs)
+            return retry_target(
+                functools.partial(func, *args, **kwargs),
+                predicate,
+                sleeps(),
+                timeout=None,
+                on_error=before_retry,
+            )
 
         return run
 
@@ -293,7 +318,7 @@ def _status_of(exc: BaseException) -> int | None:
 def _describe(exc: BaseException) -> str:
     """The cause of a failure in one short line, without URLs or response dumps."""
     if isinstance(exc, _RetriesExhausted):
-        return f"{_describe(exc.cause)} (gave up after {exc.attempts} attempts)"
+        return f"{_describe(exc.cause)} ({exc.reason})"
     if isinstance(exc, api_exceptions.RetryError):
         cause = exc.cause
         detail = _describe(cause) if cause is not None else "retry deadline exceeded"
@@ -848,23 +873,42 @@ class GcsBucket:
             # A retry whose precondition fails may be failing on our own first attempt:
             # GCS made the object and its answer was lost (a reset, a stall cut short).
             # Then the live object holds exactly these bytes, and the upload succeeded.
-            own = self._own_upload(name, crc, size) if tries > 1 else None
+            own = self._own_object(name, crc, size) if tries > 1 else None
             if own is None:
                 raise
-            answer = own
+            answer = dict(own._properties)
         if answer.get("crc32c", crc) != crc or int(answer.get("size", size)) != size:
             raise BackendError(f"gs://{self.name}/{name}: GCS holds other bytes than were sent")
         blob = self._bucket.blob(name)
         blob._set_properties(answer)  # as the library reads its own upload's answer
         return _info(blob)
 
-    def _own_upload(self, name: str, crc: str, size: int) -> dict[str, Any] | None:
-        """The resource of live object ``name`` if it holds ``size`` bytes with checksum
-        ``crc`` (what this client just sent), else None; in the calling worker thread."""
+    def _own_object(self, name: str, crc: str | None, size: int | None) -> storage.Blob | None:
+        """Live object ``name`` if it holds ``size`` bytes with checksum ``crc`` (what this
+        client just wrote), else None; in the calling worker thread."""
         blob = self._bucket.get_blob(name, retry=self._retry, timeout=self._timeout_s)
-        if blob is None or blob.crc32c != crc or blob.size != size:
+        if blob is None or crc is None or blob.crc32c != crc or blob.size != size:
             return None
-        return dict(blob._properties)
+        return blob
+
+    @staticmethod
+    def _counting(retry: _BoundedRetry | None) -> tuple[_BoundedRetry | None, list[int]]:
+        """A copy of ``retry`` that counts, in the list returned, the retries of the call
+        it is given to: a write whose precondition fails after a retry may have failed on
+        its own first attempt (the answer lost), which `_own_object` then tells."""
+        count = [0]
+        if retry is None:
+            return None, count
+        counted = copy.copy(retry)
+        inner = retry._on_retry
+
+        def on_retry(exc: Exception) -> None:
+            count[0] += 1
+            if inner is not None:
+                inner(exc)
+
+        counted._on_retry = on_retry
+        return counted, count
 
     async def write_bytes(
         self,
@@ -878,20 +922,29 @@ class GcsBucket:
         check_name(name)
         body = bytes(data)
         blob_metadata = dict(metadata) if metadata else None
-        retry = self._upload_retry if if_generation_match is not None else None
+        retry, retries = self._counting(
+            self._upload_retry if if_generation_match is not None else None
+        )
         bucket, timeout, chunk_bytes = self._bucket, self._upload_timeout_s, self._chunk_bytes
+        crc = base64.b64encode(google_crc32c.Checksum(body).digest()).decode("ascii")
 
         def run() -> ObjectInfo:
             blob = bucket.blob(name, chunk_size=chunk_bytes)
             blob.metadata = blob_metadata
-            blob.upload_from_string(
-                body,
-                content_type=content_type or DEFAULT_CONTENT_TYPE,
-                if_generation_match=if_generation_match,
-                checksum="crc32c",
-                retry=retry,
-                timeout=timeout,
-            )
+            try:
+                blob.upload_from_string(
+                    body,
+                    content_type=content_type or DEFAULT_CONTENT_TYPE,
+                    if_generation_match=if_generation_match,
+                    checksum="crc32c",
+                    retry=retry,
+                    timeout=timeout,
+                )
+            except api_exceptions.PreconditionFailed:
+                own = self._own_object(name, crc, len(body)) if retries[0] else None
+                if own is None:
+                    raise
+                return _info(own)
             return _info(blob)
 
         info = await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
@@ -899,8 +952,9 @@ class GcsBucket:
         return info
 
     async def delete(self, name: str, *, if_generation_match: int | None = None) -> None:
-        bucket, timeout = self._bucket, self._timeout_s
-        retry = self._retry if if_generation_match is not None else None
+        # Retried even without a precondition, as gcsfuse retries every request: a retry
+        # after a lost answer finds nothing (NotFound, which callers take as done).
+        bucket, timeout, retry = self._bucket, self._timeout_s, self._retry
 
         def run() -> None:
             bucket.blob(name).delete(
@@ -919,7 +973,7 @@ class GcsBucket:
     ) -> ObjectInfo:
         check_name(destination)
         bucket, timeout = self._bucket, self._timeout_s
-        retry = self._retry if if_generation_match is not None else None
+        retry, retries = self._counting(self._retry if if_generation_match is not None else None)
         counters = self._counters
 
         def run() -> ObjectInfo:
@@ -929,15 +983,28 @@ class GcsBucket:
             token: str | None = None
             while True:
                 counters.add(requests=1, copies=1)
-                token, _, _ = target.rewrite(
-                    source_blob,
-                    token=token,
-                    if_generation_match=if_generation_match,
-                    retry=retry,
-                    timeout=timeout,
-                )
+                try:
+                    token, _, _ = target.rewrite(
+                        source_blob,
+                        token=token,
+                        if_generation_match=if_generation_match,
+                        retry=retry,
+                        timeout=timeout,
+                    )
+                except api_exceptions.PreconditionFailed:
+                    own = copied() if retries[0] else None
+                    if own is None:
+                        raise
+                    return _info(own)
                 if token is None:
                     return _info(target)
+
+        def copied() -> storage.Blob | None:
+            """The destination, if it is the copy the lost answer was about."""
+            original = bucket.get_blob(source, generation=source_generation, retry=self._retry)
+            if original is None:
+                return None
+            return self._own_object(destination, original.crc32c, original.size)
 
         what = f"gs://{self.name}/{source}#{source_generation} -> {destination}"
         return await self._call(run, what)
