@@ -23,7 +23,7 @@ from typing import Any
 
 from mount_options import derive, kinds
 from mount_options.errors import OptionError
-from mount_options.schema import INDEX, SCHEMA, Option
+from mount_options.schema import ACCEPTED, INDEX, SCHEMA, Option
 
 DEFAULT = "default"
 CONFIG_FILE = "config-file"
@@ -216,6 +216,13 @@ def resolve(
         winners_fuse = set()
     explicit = frozenset(winners) | winners_fuse
     warnings.extend(derive.apply(settings, explicit, cpu_count=cpu_count, make=Setting))
+    idle = [
+        path
+        for path in sorted(explicit)
+        if INDEX.by_path[path].effect == ACCEPTED and not INDEX.by_path[path].deprecated
+    ]
+    if idle:
+        warnings.append(f"accepted without effect in tierfs: {', '.join(idle)}")
     return Config(
         MappingProxyType(settings), bucket, mountpoint, tuple(dict.fromkeys(warnings)), explicit
     )

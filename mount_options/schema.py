@@ -126,6 +126,7 @@ SCHEMA: tuple[Option, ...] = (
         True,
         "Rename files with one atomic move where GCS can.",
         **_H,
+        effect=ACCEPTED,
     ),
     _opt(
         "enable-standard-symlinks",
@@ -147,6 +148,7 @@ SCHEMA: tuple[Option, ...] = (
         True,
         "Hide objects whose names contain //, /./ or /../ from listings.",
         **_H,
+        effect=ACCEPTED,
     ),
     _opt("enable-new-reader", _B, True, "gcsfuse's reader implementation switch.", **_HA),
     _opt("enable-google-lib-auth", _B, True, "gcsfuse's auth library switch.", **_HA),
@@ -228,6 +230,7 @@ SCHEMA: tuple[Option, ...] = (
         False,
         "Exit when an internal invariant breaks.",
         flag="debug_invariants",
+        effect=ACCEPTED,
     ),
     # -- metadata-cache -------------------------------------------------------------------
     _opt(
@@ -516,6 +519,7 @@ SCHEMA: tuple[Option, ...] = (
         False,
         "Serialize lookups and readdirs.",
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt(
         "file-system:temp-dir", _P, "", "Where staged writes live (default: the system temp dir)."
@@ -525,6 +529,7 @@ SCHEMA: tuple[Option, ...] = (
         _B,
         False,
         "Check GCS on every open; ESTALE if the object changed.",
+        effect=ACCEPTED,
     ),
     _opt(
         "file-system:enable-kernel-reader", _B, False, "Rely on kernel read-ahead for reads.", **_A
@@ -557,9 +562,10 @@ SCHEMA: tuple[Option, ...] = (
         False,
         "Kernel entry timeout = metadata TTL.",
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt("file-system:experimental-enable-readdirplus", _B, False, "Use READDIRPLUS.", **_HA),
-    _opt("file-system:experimental-o-direct", _B, False, "direct_io on every handle.", hidden=True),
+    _opt("file-system:experimental-o-direct", _B, False, "direct_io on every handle.", **_HA),
     _opt("file-system:kernel-params-file", _P, "", "GKE kernel-params file.", **_HA),
     # -- write --------------------------------------------------------------------------------
     _opt(
@@ -649,6 +655,7 @@ SCHEMA: tuple[Option, ...] = (
         kinds.enum("http1", "http2", "grpc", "httpmtls"),
         "http1",
         "Protocol to GCS.",
+        effect=ACCEPTED,
     ),
     _opt(
         "gcs-connection:max-conns-per-host", _I, 0, "Connections per host; 0 unlimited.", minimum=0
@@ -659,6 +666,7 @@ SCHEMA: tuple[Option, ...] = (
         100,
         "Idle connections kept per host.",
         minimum=0,
+        effect=ACCEPTED,
     ),
     _opt(
         "gcs-connection:sequential-read-size-mb",
@@ -800,6 +808,7 @@ SCHEMA: tuple[Option, ...] = (
         False,
         "Retry the mount-time bucket check.",
         hidden=True,
+        effect=ACCEPTED,
     ),
     # -- gcs-auth -----------------------------------------------------------------------------
     _opt(
@@ -873,6 +882,13 @@ SCHEMA: tuple[Option, ...] = (
         maximum=65535,
     ),
     _opt(
+        "metrics:prometheus-host",
+        _S,
+        "127.0.0.1",
+        "Address the Prometheus endpoint listens on; 0.0.0.0 for every interface.",
+        tierfs=True,
+    ),
+    _opt(
         "metrics:cloud-metrics-export-interval-secs",
         _I,
         0,
@@ -889,7 +905,13 @@ SCHEMA: tuple[Option, ...] = (
         **_A,
     ),
     # -- read ---------------------------------------------------------------------------------
-    _opt("read:enable-buffered-read", _B, False, "Prefetch sequential reads into memory blocks."),
+    _opt(
+        "read:enable-buffered-read",
+        _B,
+        False,
+        "gcsfuse prefetch of sequential reads (tierfs always reads ahead into its RAM tier).",
+        effect=ACCEPTED,
+    ),
     _opt(
         "read:global-max-blocks",
         _I,
@@ -897,6 +919,7 @@ SCHEMA: tuple[Option, ...] = (
         "Buffered-read blocks across handles.",
         flag="read-global-max-blocks",
         minimum=-1,
+        effect=ACCEPTED,
     ),
     _opt(
         "read:block-size-mb",
@@ -906,6 +929,7 @@ SCHEMA: tuple[Option, ...] = (
         flag="read-block-size-mb",
         minimum=1,
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt(
         "read:max-blocks-per-handle",
@@ -915,6 +939,7 @@ SCHEMA: tuple[Option, ...] = (
         flag="read-max-blocks-per-handle",
         minimum=1,
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt(
         "read:min-blocks-per-handle",
@@ -924,6 +949,7 @@ SCHEMA: tuple[Option, ...] = (
         flag="read-min-blocks-per-handle",
         minimum=1,
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt(
         "read:start-blocks-per-handle",
@@ -933,6 +959,7 @@ SCHEMA: tuple[Option, ...] = (
         flag="read-start-blocks-per-handle",
         minimum=1,
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt(
         "read:random-seek-threshold",
@@ -942,6 +969,7 @@ SCHEMA: tuple[Option, ...] = (
         flag="read-random-seek-threshold",
         minimum=0,
         hidden=True,
+        effect=ACCEPTED,
     ),
     _opt(
         "read:inactive-stream-timeout",
@@ -950,6 +978,7 @@ SCHEMA: tuple[Option, ...] = (
         "Close an idle GCS read stream after this.",
         flag="read-inactive-stream-timeout",
         hidden=True,
+        effect=ACCEPTED,
     ),
     # -- accepted for compatibility; no effect in tierfs -----------------------------------
     _opt(

@@ -63,6 +63,7 @@ class Faults:
         self.lock = threading.Lock()
         self.stopped = False
         self.seen: list[tuple[str, str]] = []  # every request: (method, decoded target)
+        self.log: list[str] = []  # every fault: "METHOD target: action" (for failure messages)
 
     def add(self, rule: Rule) -> Rule:
         with self.lock:
@@ -92,6 +93,7 @@ class Faults:
                 if rule.rate < 1.0 and self.random.random() >= rule.rate:
                     continue
                 rule.fired += 1
+                self.log.append(f"{method} {decoded}: {rule.action}")
                 return rule.action
         return None
 

@@ -52,7 +52,9 @@ def fault_rules() -> list[Rule]:
     ]
 
 
-def run_sequence(root: Path, rng: random.Random) -> tuple[Model, float, str]:
+def run_sequence(
+    root: Path, rng: random.Random, faults: Faults | None = None
+) -> tuple[Model, float, str]:
     """STEPS random operations on ``root`` and on the model; the slowest one's seconds,
     and which it was."""
     model = Model()
@@ -84,6 +86,8 @@ def run_sequence(root: Path, rng: random.Random) -> tuple[Model, float, str]:
         path = pick_file()
         started = time.monotonic()
         where = f"seed {SEED}, step {step}: {kind} {path}"
+        if faults is not None:
+            where += f" (last faults: {faults.log[-6:]})"
         try:
             if kind == "write":
                 data = rng.randbytes(rng.randint(0, 200_000))
@@ -151,7 +155,7 @@ def test_random_operations_over_a_faulty_link_match_the_model(
         extra = ["--write-back"] if mode == "write-back" else []
         mount = mount_factory(proxy.option, f"--cache-dir={tmp_path / 'cache'}", *extra)
         mount.expect_errors = True  # a fault may be logged; none may reach the user
-        model, slowest, slowest_step = run_sequence(mount.path, random.Random(SEED))
+        model, slowest, slowest_step = run_sequence(mount.path, random.Random(SEED), faults)
         assert mount.pids(), "the daemon exited"
         unmounted = mount.unmount()
         assert unmounted.returncode == 0, unmounted.stderr

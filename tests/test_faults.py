@@ -25,7 +25,7 @@ from tests.conftest import MountFactory
 from tests.faults import MEDIA, UPLOADS, Action, FaultProxy, Faults, Rule
 from tests.mounting import stats
 from tierfs.emulator import Emulator
-from tierfs.mount import retry_settings
+from tierfs.settings import retry as retry_settings
 
 pytestmark = pytest.mark.mount
 

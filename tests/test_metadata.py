@@ -14,7 +14,7 @@ from tierfs.errors import NotFound, PreconditionFailed, errno_of
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.inodes import ROOT_INO, Inode
 from tierfs.metacache import MetadataCache
-from tierfs.namespace import Found
+from tierfs.namespace import MISSING, Found
 from tierfs.storage import ObjectInfo
 from tierfs.storage.memory import MemoryBucket
 
@@ -156,11 +156,28 @@ def test_cache_stays_within_its_byte_budget() -> None:
 
 
 def test_disabled_cache_never_hits() -> None:
-    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=0)
+    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=0, type_max_bytes=0)
     cache.put("a", Found(True))
-    from tierfs.namespace import MISSING
-
+    cache.put("f", Found(False, ObjectInfo("f", 1, 1)))
     assert cache.get("a") is MISSING
+    assert cache.get("f") is MISSING
+
+
+def test_directories_are_kept_in_the_type_cache_budget() -> None:
+    """type-cache-max-size-mb bounds directory entries, stat-cache-max-size-mb the rest:
+    with the type cache off a directory is asked again, a file still hits."""
+    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=10_000, type_max_bytes=0)
+    cache.put("d", Found(True))
+    cache.put("f", Found(False, ObjectInfo("f", 1, 1)))
+    assert cache.get("d") is MISSING
+    assert cache.get("f") is not None
+    small = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=0, type_max_bytes=2_000)
+    for i in range(100):
+        small.put(f"dir-{i}", Found(True))
+    stats = small.statistics()
+    assert 0 < stats["type_entries"] < 100 and stats["type_used_bytes"] <= 2_000
+    assert stats["used_bytes"] == 0
+    assert small.get("dir-99") is not None  # the most recent survive
 
 
 async def listing(fs: Filesystem) -> set[str]:

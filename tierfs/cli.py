@@ -225,6 +225,9 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     from tierfs.mount import serve
 
     logs.setup(config, foreground=ready_fd is None)
+    if ready_fd is not None:  # the terminal had them from the parent; the log gets them here
+        for warning in config.warnings:
+            logging.getLogger("tierfs").warning("%s", warning)
     tune_allocator(config["ram-cache:block-size-mb"] << 20)
     failures: list[str] = []
 

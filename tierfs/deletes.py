@@ -126,6 +126,17 @@ class PendingDeletes:
         """Whether ``path`` is a name this mount removed whose object(s) GCS still holds."""
         return path in self._by_path or path in self._gone_dirs
 
+    def hidden_in(self, dir_path: str) -> frozenset[str]:
+        """The paths directly in ``dir_path`` that `hides` hides now ("" is the root)."""
+        if not self._by_path and not self._gone_dirs:
+            return frozenset()
+        prefix = dir_path + "/" if dir_path else ""
+        return frozenset(
+            p
+            for p in (*self._by_path, *self._gone_dirs)
+            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+        )
+
     def busy(self, path: str) -> bool:
         """Whether ``path``, or anything below it ("" is everything), is being deleted."""
         return path in self._by_path or self._below[path] > 0

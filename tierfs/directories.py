@@ -67,7 +67,21 @@ class Directories(_Base):
     def releasedir(self, fh: int) -> None:
         self.dirs.pop(fh)
 
+    def _local_children(self, dir_path: str) -> list[Inode]:
+        """Children not (wholly) in GCS yet: staged or made here and not uploaded."""
+        return [
+            inode
+            for inode in self.inodes.children(dir_path)
+            if inode.staged is not None or inode.local_only
+        ]
+
     async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
+        # What is local, or being deleted, before GCS is asked: an upload or a delete that
+        # ends while the listing is on its way is not in the answer (it was sent before),
+        # so the state from before the request counts too. (Measured: a listing stalled 3 s
+        # on a faulty link lost a directory whose placeholder went up meanwhile.)
+        local_before = self._local_children(directory.path)
+        hidden_before = self.pending_deletes.hidden_in(directory.path)
         source = self.pending_moves.source_of(directory.path) if self.pending_moves else None
         old = None
         if source is not None:
@@ -94,12 +108,17 @@ class Directories(_Base):
                 self._listed[directory.path] = (listing, entries, paths)
         if self.pending_moves:
             entries = await self._list_moving(directory, entries, old)
-        if self.pending_deletes:  # removed here, still in GCS until their deletes run
-            entries = [e for e in entries if not self.pending_deletes.hides(e[1].path)]
-        local = [
+        if self.pending_deletes or hidden_before:  # removed here, maybe still in GCS
+            hides = self.pending_deletes.hides
+            entries = [
+                e for e in entries if not hides(e[1].path) and e[1].path not in hidden_before
+            ]
+        local = self._local_children(directory.path)
+        current, now_local = self.inodes.current, {id(inode) for inode in local}
+        local += [  # uploaded while the listing was on its way, and still here
             inode
-            for inode in self.inodes.children(directory.path)
-            if inode.staged is not None or inode.local_only
+            for inode in local_before
+            if not inode.unlinked and current(inode.path) is inode and id(inode) not in now_local
         ]
         if not local:
             return entries

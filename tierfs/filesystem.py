@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
 import os
 import stat
 import time
@@ -35,8 +34,6 @@ from typing import NamedTuple
 import trio
 from cachetools import LRUCache
 
-from mount_options import Config
-from mount_options.derive import file_cache_enabled
 from tierfs.blocks import BlockReader, Blocks, Spawn
 from tierfs.deletes import Delete, PendingDeletes, delete_one
 from tierfs.directories import Directories
@@ -54,7 +51,7 @@ from tierfs.errors import (
 from tierfs.handles import DirHandle, FileHandle, HandleTable
 from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
 from tierfs.interrupts import Interrupts
-from tierfs.metacache import MetadataCache, size_limit, ttl_s
+from tierfs.metacache import MetadataCache
 from tierfs.namespace import (
     SYMLINK_FLAG_KEY,
     SYMLINK_TARGET_KEY,
@@ -100,6 +97,7 @@ class Settings:
     metadata_ttl_s: float = 60.0
     negative_ttl_s: float = 5.0
     stat_cache_max_bytes: float = 34 << 20
+    type_cache_max_bytes: float = 4 << 20
     list_ttl_s: float = 0.0
     read_ahead_bytes: int = 32 << 20  # sequential prefetch depth (bounded by the RAM tier)
     metadata_prefetch: bool = True  # list a directory in the background on its first lookup
@@ -115,67 +113,6 @@ class Settings:
     stream_chunk_bytes: int = 32 << 20
     slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.watchdog)
     ignore_interrupts: bool = True  # gcsfuse's: a signal does not cancel (a death does)
-
-    @classmethod
-    def from_config(cls, config: Config, uid: int, gid: int) -> Settings:
-        ttl = config["metadata-cache:ttl-secs"]
-        attr_timeout = NEVER_S if ttl < 0 else float(ttl)
-        return cls(
-            file_mode=config["file-system:file-mode"],
-            dir_mode=config["file-system:dir-mode"],
-            uid=uid if config["file-system:uid"] < 0 else config["file-system:uid"],
-            gid=gid if config["file-system:gid"] < 0 else config["file-system:gid"],
-            attr_timeout_s=attr_timeout,
-            # The kernel keeps names as long as we keep their metadata (gcsfuse keeps 0
-            # unless experimental-enable-dentry-cache; our own changes update the kernel's
-            # entries as they happen, so the TTL is the only staleness either way).
-            entry_timeout_s=attr_timeout,
-            temp_dir=config["file-system:temp-dir"],
-            rename_dir_limit=config["file-system:rename-dir-limit"],
-            implicit_dirs=config["implicit-dirs"],
-            only_dir=config["only-dir"],
-            read_only="ro" in config.fuse_options,
-            standard_symlinks=config["enable-standard-symlinks"],
-            create_empty_file=config["write:create-empty-file"],
-            metadata_ttl_s=ttl_s(ttl),
-            negative_ttl_s=ttl_s(config["metadata-cache:negative-ttl-secs"]),
-            stat_cache_max_bytes=size_limit(config["metadata-cache:stat-cache-max-size-mb"]),
-            read_ahead_bytes=read_ahead_bytes(config),
-            list_ttl_s=ttl_s(config["file-system:kernel-list-cache-ttl-secs"]),
-            metadata_prefetch=config["metadata-cache:enable-metadata-prefetch"],
-            metadata_prefetch_workers=config["metadata-cache:metadata-prefetch-max-workers"],
-            metadata_prefetch_entries=config["metadata-cache:metadata-prefetch-entries-limit"],
-            write_back_delay_s=float(config["write:write-back-delay-secs"]),
-            fsync_to_gcs=config["write:fsync-to-gcs"],
-            write_passthrough=config["write:passthrough"],
-            max_streams=max_streams(config),
-            stream_chunk_bytes=max(1, int(config["write:block-size-mb"] * 4)) << 18,  # 256 KiB
-            file_cache=file_cache_enabled(config.settings),
-            cache_for_range_read=config["file-cache:cache-file-for-range-read"],
-            passthrough=config["file-cache:passthrough"],
-            slow_request_s=float(config["logging:slow-request-secs"]),
-            ignore_interrupts=config["file-system:ignore-interrupts"],
-        )
-
-
-def max_streams(config: Config) -> float:
-    """Streaming uploads at a time: ``global-max-blocks`` / ``max-blocks-per-file`` (-1 is
-    unlimited; 0 turns streaming off). Off with write-back, whose close() is local."""
-    if not config["write:enable-streaming-writes"] or config["write:write-back"]:
-        return 0
-    total, per_file = config["write:global-max-blocks"], config["write:max-blocks-per-file"]
-    if total < 0:
-        return math.inf
-    return total // per_file if per_file > 0 else total
-
-
-def read_ahead_bytes(config: Config) -> int:
-    """How far sequential reads prefetch: ``sequential-read-size-mb``, but never more than a
-    quarter of the RAM tier (prefetched blocks wait there; more would evict them unread)."""
-    wanted = config["gcs-connection:sequential-read-size-mb"] << 20
-    ram = config["ram-cache:max-size-mb"] << 20
-    block = config["ram-cache:block-size-mb"] << 20
-    return min(wanted, max(block, ram // 4)) if ram else wanted
 
 
 _SYMLINK_MODE = stat.S_IFLNK | 0o777
@@ -283,6 +220,7 @@ class Filesystem(Directories, WritePath, Renames):
             ttl_s=settings.metadata_ttl_s,
             negative_ttl_s=settings.negative_ttl_s,
             max_bytes=settings.stat_cache_max_bytes,
+            type_max_bytes=settings.type_cache_max_bytes,
             clock=monotonic_s,
         )
         self.names = Namespace(

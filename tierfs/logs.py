@@ -8,10 +8,12 @@ syslog in the background (where ``/dev/log`` exists), as gcsfuse does.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import logging.handlers
 import os
+import shutil
 import sys
 import time
 
@@ -43,6 +45,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+KEEP_ALL_BACKUPS = 9999  # "0 keeps all": the stdlib's 0 would never rotate at all
+
+
+def _gzip_rotated(source: str, dest: str) -> None:
+    with open(source, "rb") as plain, gzip.open(dest, "wb") as packed:
+        shutil.copyfileobj(plain, packed)
+    os.remove(source)
+
+
+def rotating_file(
+    path: str, *, max_bytes: int, backups: int, compress: bool
+) -> logging.handlers.RotatingFileHandler:
+    """gcsfuse's log rotation: a new file at ``max_bytes``, ``backups`` old ones kept
+    (0: all), each gzipped as ``NAME.N.gz`` when ``compress``."""
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=max_bytes, backupCount=backups or KEEP_ALL_BACKUPS
+    )
+    if compress:
+        handler.namer = lambda name: name + ".gz"
+        handler.rotator = _gzip_rotated
+    return handler
+
+
 def setup(config: Config, *, foreground: bool) -> None:
     """Configure the ``tierfs`` logger from the logging options."""
     logger = logging.getLogger("tierfs")
@@ -54,10 +79,11 @@ def setup(config: Config, *, foreground: bool) -> None:
     path = config["logging:file-path"]
     handler: logging.Handler
     if path:
-        handler = logging.handlers.RotatingFileHandler(
+        handler = rotating_file(
             path,
-            maxBytes=config["logging:log-rotate:max-file-size-mb"] << 20,
-            backupCount=config["logging:log-rotate:backup-file-count"],
+            max_bytes=config["logging:log-rotate:max-file-size-mb"] << 20,
+            backups=config["logging:log-rotate:backup-file-count"],
+            compress=config["logging:log-rotate:compress"],
         )
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)

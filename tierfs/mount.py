@@ -14,7 +14,6 @@ loop runs inside it.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import resource
@@ -28,19 +27,19 @@ import pyfuse3
 import trio
 
 from mount_options import Config
-from mount_options.derive import file_cache_enabled
+from tierfs import settings
 from tierfs.blocks import Blocks, spawner
 from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
-from tierfs.cache.ssd import AUTO, SsdTier
+from tierfs.cache.ssd import SsdTier
 from tierfs.control import Handler, serve_control
 from tierfs.errors import TierfsError, root_cause
-from tierfs.filesystem import Filesystem, Settings
+from tierfs.filesystem import Filesystem
+from tierfs.metrics import MetricsServer
 from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
 from tierfs.operations import Operations
 from tierfs.storage import Bucket
-from tierfs.storage.gcs import GcsBucket, RetrySettings
-from tierfs.storage.stall import ReadStallSettings
+from tierfs.storage.gcs import GcsBucket
 from tierfs.writeback import Journal
 
 log = logging.getLogger("tierfs.mount")
@@ -52,38 +51,7 @@ WRITEBACK_UPLOADS = 16
 
 def connect(config: Config) -> GcsBucket:
     """The bucket of a config, through the same client path production and tests use."""
-    return GcsBucket.connect(
-        config.bucket,
-        endpoint=config["gcs-connection:custom-endpoint"],
-        key_file=config["gcs-auth:key-file"],
-        anonymous=config["gcs-auth:anonymous-access"],
-        billing_project=config["gcs-connection:billing-project"],
-        app_name=config["app-name"],
-        retry=retry_settings(config),
-        http_timeout_s=config["gcs-connection:http-client-timeout"],
-    )
-
-
-def retry_settings(config: Config) -> RetrySettings:
-    """gcsfuse's gcs-retries options (and tierfs's request deadline) for `GcsBucket`; a
-    0 that means "no bound" becomes None."""
-    deadline = config["gcs-retries:request-deadline-secs"] or None
-    return RetrySettings(
-        max_attempts=config["gcs-retries:max-retry-attempts"],
-        max_sleep_s=config["gcs-retries:max-retry-sleep"],
-        multiplier=config["gcs-retries:multiplier"],
-        deadline_s=deadline,
-        upload_deadline_s=config["gcs-retries:chunk-retry-deadline-secs"] or deadline,
-        upload_stall_s=config["gcs-retries:chunk-transfer-timeout-secs"] or None,
-        read_stall=ReadStallSettings(
-            enabled=config["gcs-retries:read-stall:enable"],
-            initial_s=config["gcs-retries:read-stall:initial-req-timeout"],
-            min_s=config["gcs-retries:read-stall:min-req-timeout"],
-            max_s=config["gcs-retries:read-stall:max-req-timeout"],
-            increase_rate=config["gcs-retries:read-stall:req-increase-rate"],
-            target_percentile=config["gcs-retries:read-stall:req-target-percentile"],
-        ),
-    )
+    return GcsBucket.connect(config.bucket, **settings.gcs_connection(config))
 
 
 def fuse_options(config: Config) -> set[str]:
@@ -124,7 +92,7 @@ async def serve(
     log.debug("open files: up to %d", raise_open_file_limit())
     try:
         check_before_mount(mountpoint)
-        for option, directory in local_directories(config):
+        for option, directory in settings.local_directories(config):
             try:
                 await trio.to_thread.run_sync(check_writable, directory)
             except OSError as err:
@@ -150,47 +118,23 @@ async def serve(
 
 async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
     """RAM, then the SSD file cache (when ``cache-dir`` is set and its size is not 0)."""
-    block_bytes = config["ram-cache:block-size-mb"] << 20
+    wanted = settings.tiers(config)
     chain: list[Tier] = []
-    if config["ram-cache:max-size-mb"] > 0:
-        chain.append(RamTier(config["ram-cache:max-size-mb"] << 20))
-    if file_cache_enabled(config.settings):
-        size_mb = config["file-cache:max-size-mb"]
-        include, exclude = config["file-cache:include-regex"], config["file-cache:exclude-regex"]
+    if wanted.ram_bytes > 0:
+        chain.append(RamTier(wanted.ram_bytes))
+    if wanted.ssd:
         chain.append(
             await SsdTier.create(
-                Path(config["cache-dir"]),
+                Path(wanted.cache_dir),
                 config.bucket,
-                AUTO if size_mb < 0 else size_mb << 20,
-                block_size=block_bytes,
-                include=re.compile(include) if include else None,
-                exclude=re.compile(exclude) if exclude else None,
+                wanted.ssd_bytes,
+                block_size=wanted.block_bytes,
+                include=re.compile(wanted.include) if wanted.include else None,
+                exclude=re.compile(wanted.exclude) if wanted.exclude else None,
                 limiter=limiter,
             )
         )
     return chain
-
-
-def writeback_root(config: Config) -> tuple[str, str]:
-    """(option, directory): where write-back keeps its journal and staged files."""
-    for option, key in (
-        ("write-back-dir", "write:write-back-dir"),
-        ("cache-dir", "cache-dir"),
-        ("temp-dir", "file-system:temp-dir"),
-    ):
-        if config[key]:
-            return option, config[key]
-    return "temp-dir", tempfile.gettempdir()
-
-
-def local_directories(config: Config) -> list[tuple[str, str]]:
-    """(option, directory) of every local directory this mount will write in."""
-    wanted = [("temp-dir", config["file-system:temp-dir"] or tempfile.gettempdir())]
-    if file_cache_enabled(config.settings):
-        wanted.append(("cache-dir", config["cache-dir"]))
-    if config["write:write-back"]:
-        wanted.append(writeback_root(config))
-    return list(dict.fromkeys(wanted))
 
 
 def check_writable(directory: str) -> None:
@@ -204,15 +148,14 @@ def check_writable(directory: str) -> None:
 
 
 def blocks_for(config: Config, bucket: Bucket, chain: list[Tier]) -> Blocks:
-    downloads = config["file-cache:max-parallel-downloads"]
-    parallel = config["file-cache:enable-parallel-downloads"]
+    wanted = settings.blocks(config)
     return Blocks(
         bucket,
         chain,
-        block_size=config["ram-cache:block-size-mb"] << 20,
-        downloads=trio.CapacityLimiter(math.inf if downloads < 0 else max(1, downloads)),
-        per_file=config["file-cache:parallel-downloads-per-file"] if parallel else 1,
-        check_crc=config["file-cache:enable-crc"],
+        block_size=wanted.block_bytes,
+        downloads=trio.CapacityLimiter(wanted.downloads),
+        per_file=wanted.per_file,
+        check_crc=wanted.check_crc,
     )
 
 
@@ -220,7 +163,7 @@ async def _serve_mounted(
     config: Config, bucket: Bucket, ready: Callable[[str | None], None]
 ) -> None:
     mountpoint = config.mountpoint
-    settings = Settings.from_config(config, uid=os.getuid(), gid=os.getgid())
+    core = settings.filesystem(config, uid=os.getuid(), gid=os.getgid())
     try:
         chain = await tiers(config, trio.CapacityLimiter(8))
     except OSError as err:
@@ -228,7 +171,7 @@ async def _serve_mounted(
         return
     journal = None
     if config["write:write-back"]:
-        root = writeback_root(config)[1]
+        root = settings.writeback_root(config)[1]
         try:
             journal = await trio.to_thread.run_sync(Journal, Path(root), config.bucket)
             recovered = await journal.recover(bucket, trio.to_thread.run_sync)
@@ -244,11 +187,21 @@ async def _serve_mounted(
                 len(recovered.already_there),
                 len(recovered.conflicts),
             )
-    fs = Filesystem(bucket, settings, blocks=blocks_for(config, bucket, chain), journal=journal)
+    fs = Filesystem(bucket, core, blocks=blocks_for(config, bucket, chain), journal=journal)
     operations = Operations(fs, mountpoint)
+    metrics: MetricsServer | None = None
+    port, host = settings.metrics(config)
+    if port:
+        try:
+            metrics = MetricsServer(port, host, lambda: (fs.statistics(), fs.inflight.latencies()))
+        except OSError as err:
+            ready(f"cannot serve Prometheus metrics on port {port}: {err.strerror or err}")
+            return
     try:
         pyfuse3.init(operations, mountpoint, fuse_options(config))
     except RuntimeError as err:
+        if metrics is not None:
+            metrics.close()
         ready(f"cannot mount {mountpoint}: {err}")
         return
     log.info("mounted gs://%s on %s", config.bucket, mountpoint)
@@ -274,6 +227,9 @@ async def _serve_mounted(
             fs.spawn = None
             with trio.CancelScope(shield=True):
                 await fs.finish()
+        if metrics is not None:
+            with trio.CancelScope(shield=True):  # a scrape may be waiting for this thread
+                await trio.to_thread.run_sync(metrics.close)
         fs.close()
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())

@@ -73,10 +73,14 @@ def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         self = cast("Operations", args[0])
         inflight = self.fs.inflight
         number = inflight.begin(op, self.describe, args[1:])
+        failed = True
         try:
             if op in ABANDONABLE and INTERRUPTS:
-                return await self.fs.interrupts.run(op, fn, args, kwargs)
-            return await fn(*args, **kwargs)
+                result = await self.fs.interrupts.run(op, fn, args, kwargs)
+            else:
+                result = await fn(*args, **kwargs)
+            failed = False
+            return result
         except pyfuse3.FUSEError:
             raise
         except Exception as err:
@@ -87,7 +91,7 @@ def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
                 log.debug("%s: %s -> %s", fn.__name__, err, errno.errorcode.get(code, code))
             raise pyfuse3.FUSEError(code) from None
         finally:
-            inflight.end(number)
+            inflight.end(number, failed)
 
     return wrapped
 

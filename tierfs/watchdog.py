@@ -9,11 +9,16 @@ logs a WARNING naming the operation, its path, how long it has waited and the
 last thing GCS said, after ``logging:slow-request-secs`` and again each time as
 long, so a frozen job's log says what it waits for.
 
+It also keeps, per operation, how many ran, how many failed and a histogram of
+how long they took (`OpLatency`): what the Prometheus endpoint serves as gcsfuse's
+``fs_ops_count``, ``fs_ops_error_count`` and ``fs_ops_latency``.
+
 Time comes from trio's clock, so tests drive it with a mock clock.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 from collections.abc import Callable
@@ -33,6 +38,36 @@ class _Request:
     warn_at: float
 
 
+# Upper bounds of the latency buckets, in seconds (the last one is +Inf).
+LATENCY_BOUNDS_S = (
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, float("inf")
+)  # fmt: skip
+
+
+@dataclass
+class OpLatency:
+    """One operation's count, failures, and time taken: ``buckets[i]`` counts the
+    requests that took at most ``LATENCY_BOUNDS_S[i]`` and more than the bound before."""
+
+    count: int = 0
+    errors: int = 0
+    total_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.buckets = [0] * len(LATENCY_BOUNDS_S)
+
+    def copy(self) -> OpLatency:
+        twin = OpLatency(self.count, self.errors, self.total_s)
+        twin.buckets = list(self.buckets)
+        return twin
+
+    def add(self, seconds: float, failed: bool) -> None:
+        self.count += 1
+        self.errors += failed
+        self.total_s += seconds
+        self.buckets[bisect.bisect_left(LATENCY_BOUNDS_S, seconds)] += 1
+
+
 class InFlight:
     """Requests being served; ``warn_after_s`` 0 keeps count only, never warns."""
 
@@ -42,6 +77,7 @@ class InFlight:
         self.warnings = 0  # WARNINGs logged (tierfs stats: slow_request_warnings)
         self._requests: dict[int, _Request] = {}
         self._numbers = itertools.count()
+        self.ops: dict[str, OpLatency] = {}  # per operation, since the mount
 
     def begin(
         self, op: str, describe: Callable[[str, tuple[object, ...]], str], args: tuple[object, ...]
@@ -54,11 +90,19 @@ class InFlight:
         self._requests[number] = _Request(op, describe, args, now, now + self.warn_after_s)
         return number
 
-    def end(self, number: int) -> None:
-        del self._requests[number]
+    def end(self, number: int, failed: bool = False) -> None:
+        request = self._requests.pop(number)
+        latency = self.ops.get(request.op)
+        if latency is None:
+            latency = self.ops[request.op] = OpLatency()
+        latency.add(trio.current_time() - request.started, failed)
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    def latencies(self) -> dict[str, OpLatency]:
+        """A copy of the per-operation counts, safe to read from another thread."""
+        return {op: seen.copy() for op, seen in self.ops.items()}
 
     def longest_wait_s(self) -> float:
         """How long the oldest request in flight has waited (0 with none)."""

@@ -36,6 +36,9 @@ STAT_KEYS = (
     "errors",
     "retries",
     "read_stalls",
+    "in_flight_peak",  # most requests at once (max-conns-per-host caps it)
+    "throttled",  # requests that waited for limit-ops-per-sec / limit-bytes-per-sec
+    "throttled_ms",
 )
 
 

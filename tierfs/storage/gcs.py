@@ -93,6 +93,7 @@ from tierfs.errors import (
     TierfsError,
 )
 from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
+from tierfs.storage.ratelimit import Throttle
 from tierfs.storage.stall import ReadStallSettings, StallTimeout
 
 __all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
@@ -291,11 +292,22 @@ class _Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(STAT_KEYS, 0)
+        self._in_flight = 0
 
     def add(self, **increments: int) -> None:
         with self._lock:
             for key, value in increments.items():
                 self._values[key] += value
+
+    def enter(self) -> None:
+        """A request's thread starts (for ``in_flight_peak``)."""
+        with self._lock:
+            self._in_flight += 1
+            self._values["in_flight_peak"] = max(self._values["in_flight_peak"], self._in_flight)
+
+    def leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -502,8 +514,10 @@ class GcsBucket:
         http_timeout_s: float = 0,
         limiter: trio.CapacityLimiter | None = None,
         billing_project: str = "",
+        throttle: Throttle | None = None,
     ) -> None:
         settings = retry if retry is not None else RetrySettings()
+        self._throttle = throttle if throttle is not None else Throttle()
         self.name = bucket_name
         # google-cloud-storage >= 3.17 fetches bucket metadata for tracing attributes in
         # a background thread of its own on first use: a request outside the limiter
@@ -548,6 +562,8 @@ class GcsBucket:
         retry: RetrySettings | None = None,
         http_timeout_s: float = 0,
         limiter: trio.CapacityLimiter | None = None,
+        max_connections: int = 0,
+        throttle: Throttle | None = None,
     ) -> GcsBucket:
         """A bucket handle; no request is made (call `check` for that).
 
@@ -556,8 +572,12 @@ class GcsBucket:
         Default Credentials, which may consult the GCE metadata server: this call can
         block for a few seconds, so run it in a thread from async code.  Raises
         `AccessDenied` with a one-line message when no credentials can be found.
+
+        ``max_connections`` (gcsfuse's ``max-conns-per-host``; 0: no cap of its own)
+        caps requests in flight, hence connections: the limiter gets that many tokens.
         """
-        limiter = limiter if limiter is not None else trio.CapacityLimiter(DEFAULT_CONCURRENCY)
+        if limiter is None:
+            limiter = trio.CapacityLimiter(max_connections or DEFAULT_CONCURRENCY)
         credentials = _credentials(key_file, anonymous or (bool(endpoint) and not key_file))
         anonymous_credentials = isinstance(credentials, AnonymousCredentials)
         # Anonymous credentials cannot be refreshed: let a 401 be a 401, not a refresh error.
@@ -587,6 +607,7 @@ class GcsBucket:
             http_timeout_s=http_timeout_s,
             limiter=limiter,
             billing_project=billing_project,
+            throttle=throttle,
         )
 
     def close(self) -> None:
@@ -594,7 +615,7 @@ class GcsBucket:
         self._client.close()
 
     def statistics(self) -> dict[str, int]:
-        return self._counters.snapshot()
+        return {**self._counters.snapshot(), **self._throttle.statistics()}
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -737,7 +758,12 @@ class GcsBucket:
             return retry(attempt)()
 
         data = await self._call(
-            run, f"gs://{self.name}/{name}#{generation}", abandon=True, requests=1, media_reads=1
+            run,
+            f"gs://{self.name}/{name}#{generation}",
+            abandon=True,
+            nbytes=length,
+            requests=1,
+            media_reads=1,
         )
         self._counters.add(bytes_read=len(data))
         return data
@@ -1045,17 +1071,34 @@ class GcsBucket:
         )
 
     async def _call(
-        self, run: Callable[[], T], what: str, *, abandon: bool = False, **counts: int
+        self,
+        run: Callable[[], T],
+        what: str,
+        *,
+        abandon: bool = False,
+        nbytes: int = 0,
+        **counts: int,
     ) -> T:
         """Run ``run`` in a worker thread under the limiter; map its failure at the edge.
         ``abandon``: a request that changes nothing (a read, a stat, a list) may be left to
         finish alone when the caller is cancelled (FUSE INTERRUPT of a killed reader); its
-        thread keeps its limiter token until it ends, within its HTTP timeouts."""
+        thread keeps its limiter token until it ends, within its HTTP timeouts.
+        ``nbytes``: what a read asks for, charged to ``limit-bytes-per-sec``."""
         if counts:
             self._counters.add(**counts)
+        await self._throttle.admit(nbytes)
+        counters = self._counters
+
+        def counted() -> T:
+            counters.enter()
+            try:
+                return run()
+            finally:
+                counters.leave()
+
         try:
             return await trio.to_thread.run_sync(
-                run, limiter=self._limiter, abandon_on_cancel=abandon
+                counted, limiter=self._limiter, abandon_on_cancel=abandon
             )
         except Exception as exc:
             error = _map_error(exc, what)
