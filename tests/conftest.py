@@ -89,3 +89,35 @@ def mount_factory(emulator: Emulator, bucket_name: str, tmp_path: Path) -> Itera
 def mount(mount_factory: MountFactory) -> Mount:
     """The test's bucket, mounted with default options."""
     return mount_factory()
+
+
+# --- test levels ---------------------------------------------------------------------------
+# Every test gets one level marker, so a level runs alone: ``pytest -m unit`` (no emulator,
+# no mount), ``-m core`` (the filesystem core over MemoryBucket), ``-m emulator`` (the real
+# fake-gcs-server, no mount), ``-m mount`` (real FUSE mounts). `make test` runs them all.
+MOUNT_FIXTURES = {"mount", "mount_factory", "mountpoint_dir"}
+EMULATOR_FIXTURES = {"emulator", "gcs_client", "bucket_name", "fault_proxy"}
+CORE_MODULES = ("tierfs.filesystem", "tierfs.storage.memory")
+MOUNTING_MODULES = {"test_fstab.py"}  # its emulator tests mount through mount(8)
+
+
+def _level(item: pytest.Item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("mount") or names & MOUNT_FIXTURES:
+        return "mount"
+    if item.path.name in MOUNTING_MODULES and names & EMULATOR_FIXTURES:
+        return "mount"
+    if names & EMULATOR_FIXTURES:
+        return "emulator"
+    module = getattr(item, "module", None)
+    source = getattr(module, "__dict__", {})
+    if any(getattr(value, "__module__", "") in CORE_MODULES for value in source.values()):
+        return "core"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        level = _level(item)
+        if level != "mount" or not item.get_closest_marker("mount"):
+            item.add_marker(getattr(pytest.mark, level))

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.mounting import TIERFS, require_fuse
+
+pytestmark = pytest.mark.mount  # the demo mounts
 
 
 def fuse_mounts() -> list[str]:
@@ -26,14 +30,25 @@ def test_demo_runs_the_tour_and_cleans_up() -> None:
     out = result.stdout
     for step in (
         "1. GCS emulator",
-        "2. mounted",
+        "2. mounted: tierfs mount --custom-endpoint=",
         "3. wrote",
-        "4. saved a checkpoint",
-        "5. an object",
+        "   cold, from GCS:",
+        "   warm, from the RAM tier:",
+        "5. saved a checkpoint with write-back",
+        "   until every close():",
+        "   until durable in GCS:",
+        "an object uploaded by another GCS client shows up",
+        "after the remount, from the SSD tier:",
+        "`tierfs stats ",
     ):
         assert step in out, out
     assert "in GCS and identical: True" in out
     assert "from-another-client.txt" in out
+    assert ", 0 GCS media reads" in out  # the remount read came from the SSD tier
+    assert "ssd" in out  # the stats table has its row
+    # Every command printed is the one that ran: the printed mount line mounts.
+    printed = re.search(r"2\. mounted: (tierfs mount .*)", out)
+    assert printed and "--write-back" in printed.group(1) and "--cache-dir=" in printed.group(1)
     assert "6. unmounted" in out and "7. emulator stopped" in out
     assert fuse_mounts() == before
 

@@ -409,3 +409,15 @@ def test_start_twice_is_refused(emulator: Emulator) -> None:
     with pytest.raises(EmulatorError):
         emulator.start()
     assert emulator.running
+
+
+def test_the_helper_refuses_a_bucket_name_that_tierfs_mount_would_refuse(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m tierfs.emulator --bucket b`` made a bucket no mount could name."""
+    from tierfs.emulator import main
+
+    assert main(["--bucket", "b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: bad bucket name 'b': expected ")
+    assert "\n" not in err

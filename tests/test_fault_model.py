@@ -35,9 +35,13 @@ from tierfs.emulator import Emulator
 pytestmark = pytest.mark.mount
 
 SEED = 20261202
+# Seeds that found a defect, kept as regressions: 11, with write-back, lost a directory
+# from a listing answered after its placeholder's background upload ended.
+RUNS = [("default", SEED), ("write-back", SEED), ("write-back", 11)]
 STEPS = 160
 NAMES = ["a", "b", "c"]
 DIRS = ["", "d", "e/f"]
+TOTAL_S = 240.0  # a run takes 20-50 s here; past this it fails at once, naming its slowest
 BOUND_S = 60.0  # no operation may take longer (requests give up after 120 s; faults here
 # are retried within seconds)
 
@@ -52,11 +56,10 @@ def fault_rules() -> list[Rule]:
     ]
 
 
-def run_sequence(
-    root: Path, rng: random.Random, faults: Faults | None = None
-) -> tuple[Model, float, str]:
+def run_sequence(root: Path, seed: int, faults: Faults | None = None) -> tuple[Model, float, str]:
     """STEPS random operations on ``root`` and on the model; the slowest one's seconds,
     and which it was."""
+    rng = random.Random(seed)
     model = Model()
     for directory in ("d", "e", "e/f"):
         os.mkdir(root / directory)
@@ -68,7 +71,13 @@ def run_sequence(
         name = rng.choice(NAMES)
         return f"{directory}/{name}" if directory else name
 
+    begun = time.monotonic()
     for step in range(STEPS):
+        if time.monotonic() - begun > TOTAL_S:
+            pytest.fail(
+                f"seed {seed}: {step} steps took over {TOTAL_S:.0f} s; slowest "
+                f"{slowest:.1f} s at {slowest_step}"
+            )
         kind = rng.choice(
             [
                 "write",
@@ -85,7 +94,7 @@ def run_sequence(
         )
         path = pick_file()
         started = time.monotonic()
-        where = f"seed {SEED}, step {step}: {kind} {path}"
+        where = f"seed {seed}, step {step}: {kind} {path}"
         if faults is not None:
             where += f" (last faults: {faults.log[-6:]})"
         try:
@@ -140,7 +149,7 @@ def run_sequence(
     return model, slowest, slowest_step
 
 
-@pytest.mark.parametrize("mode", ["default", "write-back"])
+@pytest.mark.parametrize(("mode", "seed"), RUNS)
 def test_random_operations_over_a_faulty_link_match_the_model(
     mount_factory: MountFactory,
     emulator: Emulator,
@@ -148,14 +157,15 @@ def test_random_operations_over_a_faulty_link_match_the_model(
     bucket_name: str,
     tmp_path: Path,
     mode: str,
+    seed: int,
 ) -> None:
-    faults = Faults(*fault_rules(), seed=SEED)
+    faults = Faults(*fault_rules(), seed=seed)
     proxy = FaultProxy(emulator, faults).start()
     try:
         extra = ["--write-back"] if mode == "write-back" else []
         mount = mount_factory(proxy.option, f"--cache-dir={tmp_path / 'cache'}", *extra)
         mount.expect_errors = True  # a fault may be logged; none may reach the user
-        model, slowest, slowest_step = run_sequence(mount.path, random.Random(SEED), faults)
+        model, slowest, slowest_step = run_sequence(mount.path, seed, faults)
         assert mount.pids(), "the daemon exited"
         unmounted = mount.unmount()
         assert unmounted.returncode == 0, unmounted.stderr

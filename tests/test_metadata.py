@@ -340,3 +340,26 @@ async def test_a_lookup_that_asks_gcs_keeps_the_parents_listing(tmp_path: Path) 
     fh = fs.opendir(ROOT_INO)
     assert fs.kernel_may_keep_listing(fh)
     fs.releasedir(fh)
+
+
+def test_an_answer_older_than_a_change_of_this_mount_is_not_kept() -> None:
+    """A listing sent before a background upload ended answers after it: its older view of
+    that path must not replace what the mount knows; other paths in it are kept."""
+    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=10_000)
+    new = Found(False, ObjectInfo("a", 10, 2))
+    asked = cache.asking()
+    cache.put("a", new)  # the upload ended while the listing was out
+    cache.forget_below("dir")  # and a directory was renamed away
+    cache.put_answer("a", Found(False, ObjectInfo("a", 3, 1)), asked)
+    cache.put_answer("dir/x", Found(False, ObjectInfo("dir/x", 1, 1)), asked)
+    cache.put_answer("b", Found(False, ObjectInfo("b", 1, 1)), asked)
+    cache.answered()
+    assert cache.get("a") is new
+    assert cache.get("dir/x") is MISSING
+    assert cache.get("b") is not MISSING
+    # With nothing out, later answers are simply kept, and nothing is remembered.
+    asked = cache.asking()
+    cache.put_answer("a", Found(False, ObjectInfo("a", 11, 3)), asked)
+    cache.answered()
+    assert cache.get("a").info.generation == 3
+    assert not cache._touched and not cache._touched_below

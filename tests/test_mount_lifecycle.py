@@ -237,6 +237,28 @@ def test_no_credentials_fails_fast_without_network(mountpoint_dir: Path, tmp_pat
     assert_nothing_left(mountpoint_dir)
 
 
+def test_a_custom_endpoint_without_credentials_says_which_flag_to_add(
+    mountpoint_dir: Path, tmp_path: Path, emulator: Emulator
+) -> None:
+    """An emulator user who forgets --anonymous-access is told so, in one line; tierfs no
+    longer switches to anonymous access behind their back."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "HOME": str(tmp_path),
+        "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent",
+    }
+    result = tierfs(
+        "mount", f"--custom-endpoint={emulator.endpoint}", "some-bucket", str(mountpoint_dir),
+        env=env,
+    )  # fmt: skip
+    assert one_line_error(result) == (
+        f"tierfs: no credentials for {emulator.endpoint}: add --anonymous-access (an emulator) "
+        "or --key-file=KEY.json"
+    )
+    assert result.returncode == 1
+    assert_nothing_left(mountpoint_dir)
+
+
 def test_fusermount3_missing(
     mountpoint_dir: Path, tmp_path: Path, bucket_name: str, endpoint_args: list[str]
 ) -> None:

@@ -857,9 +857,22 @@ def test_retry_settings_are_validated() -> None:
 # --- GcsBucket only: against the emulator -------------------------------------------------
 
 
+def test_a_custom_endpoint_without_credentials_names_the_flag_to_add(
+    emulator: Emulator, bucket_name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No silent switch to anonymous access: without ADC, one line says what to add."""
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    with pytest.raises(AccessDenied) as caught:
+        GcsBucket.connect(bucket_name, endpoint=emulator.endpoint)
+    assert str(caught.value) == (
+        f"no credentials for {emulator.endpoint}: add --anonymous-access (an emulator) or "
+        "--key-file=KEY.json"
+    )
+
+
 async def test_check_on_the_emulator(emulator: Emulator, bucket_name: str) -> None:
-    gcs = GcsBucket.connect(bucket_name, endpoint=emulator.endpoint)  # anonymous implied
-    missing = GcsBucket.connect("tierfs-no-such-bucket", endpoint=emulator.endpoint)
+    gcs = GcsBucket.connect(bucket_name, endpoint=emulator.endpoint, anonymous=True)
+    missing = GcsBucket.connect("tierfs-no-such-bucket", endpoint=emulator.endpoint, anonymous=True)
     try:
         await gcs.check()
         with pytest.raises(NotFound) as caught:

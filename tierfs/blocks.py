@@ -37,7 +37,7 @@ import trio
 from cachetools import LRUCache
 
 from tierfs.cache import BlockKey, Tier
-from tierfs.cache.ssd import Passthrough, SsdTier
+from tierfs.cache.ssd import Passthrough
 from tierfs.errors import NotFound, root_cause
 from tierfs.storage import Bucket
 
@@ -183,7 +183,7 @@ class Blocks:
         so a restore after a remount reads the disk, not GCS. ``unchanged`` says whether the
         file still holds exactly what was uploaded; if it stops doing so, the copy is dropped.
         """
-        persistent = [tier for tier in self.tiers if tier.name == "ssd"]
+        persistent = [tier for tier in self.tiers if tier.persistent]
         if not persistent:
             return
         for index in range(self.blocks_of(size)):
@@ -248,30 +248,30 @@ class Blocks:
         """Let a tier that keeps whole objects (the SSD tier) seal this one, so that later
         opens, after a remount too, may read its file directly (FUSE passthrough)."""
         for tier in self.tiers:
-            if isinstance(tier, SsdTier):
-                try:
-                    if await tier.seal(name, generation, size):
-                        self._unsealed.pop((name, generation), None)
-                except Exception as err:
-                    self.tier_errors += 1
-                    log.warning("%s tier failed to seal gs://%s: %s", tier.name, name, err)
+            try:
+                if await tier.seal(name, generation, size):
+                    self._unsealed.pop((name, generation), None)
+            except Exception as err:
+                self.tier_errors += 1
+                log.warning("%s tier failed to seal gs://%s: %s", tier.name, name, err)
 
     async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
         """A pinned whole-object file the kernel may read directly (see `SsdTier.passthrough`),
         or None. Release it with `unpin`."""
         for tier in self.tiers:
-            if isinstance(tier, SsdTier):
-                try:
-                    return await tier.passthrough(name, generation, size)
-                except Exception as err:
-                    self.tier_errors += 1
-                    log.warning("%s tier failed to open gs://%s: %s", tier.name, name, err)
+            try:
+                pinned = await tier.passthrough(name, generation, size)
+            except Exception as err:
+                self.tier_errors += 1
+                log.warning("%s tier failed to open gs://%s: %s", tier.name, name, err)
+                continue
+            if pinned is not None:
+                return pinned
         return None
 
     def unpin(self, pinned: Passthrough) -> None:
         for tier in self.tiers:
-            if isinstance(tier, SsdTier):
-                tier.unpin(pinned)
+            tier.unpin(pinned)
 
     def filling(self, name: str, generation: int) -> bool:
         return (name, generation) in self._filling

@@ -455,6 +455,15 @@ def main(argv: list[str] | None = None) -> int:
         "--data-dir", type=Path, default=None, help="keep data here (default: in memory)"
     )
     args = parser.parse_args(argv)
+    from mount_options import OptionError
+    from mount_options.target import check_bucket_name
+
+    for name in args.bucket:  # a bucket here is one `tierfs mount` will take
+        try:
+            check_bucket_name(name)
+        except OptionError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt

@@ -13,7 +13,11 @@ together, since one lookup answers both questions:
 
 The mount's own changes update it at once (`put`, `forget`), so close-to-open
 holds for this mount whatever the TTL; changes by other clients show once the
-entry expires. Time is injected (``clock``) so tests never sleep.
+entry expires. An answer from GCS (a stat, a listing) is stored with `put_answer`,
+which drops it if the mount changed that path after the request was sent: an
+upload or delete that ends in the background while a listing is on its way must
+not be undone by the older answer (`asking` / `answered` bracket each request).
+Time is injected (``clock``) so tests never sleep.
 """
 
 from __future__ import annotations
@@ -59,6 +63,12 @@ class MetadataCache:
         self.hits = 0
         self.negative_hits = 0
         self.misses = 0
+        # Changes made while answers are awaited: path -> the change's number (see
+        # `put_answer`). Kept only while some request is out, so it never grows for long.
+        self._sequence = 0
+        self._asking = 0
+        self._touched: dict[str, int] = {}
+        self._touched_below: dict[str, int] = {}
 
     def _cache(self, max_bytes: float, clock: Callable[[], float]) -> _Cache:
         return TLRUCache(
@@ -87,9 +97,49 @@ class MetadataCache:
             self.hits += 1
         return entry[0]
 
+    def asking(self) -> int:
+        """A request to GCS is about to be sent; give its answer's `put_answer` this."""
+        self._asking += 1
+        return self._sequence
+
+    def answered(self) -> None:
+        """The request of an `asking` has its answer (or failed)."""
+        self._asking -= 1
+        if self._asking <= 0:
+            self._asking = 0
+            self._touched.clear()
+            self._touched_below.clear()
+
+    def _touch(self, path: str, *, below: bool = False) -> None:
+        if self._asking:
+            (self._touched_below if below else self._touched)[path] = self._sequence
+            self._sequence += 1
+
+    def _changed_since(self, path: str, asked: int) -> bool:
+        if self._touched.get(path, -1) >= asked:
+            return True
+        if self._touched_below:
+            parts = path.split("/")
+            for depth in range(len(parts), -1, -1):
+                if self._touched_below.get("/".join(parts[:depth]), -1) >= asked:
+                    return True
+        return False
+
+    def put_answer(self, path: str, found: Found | None, asked: int) -> None:
+        """GCS's answer about ``path`` to a request sent at ``asked`` (`asking`): kept
+        unless this mount changed the path since (its own state is newer)."""
+        if not self._changed_since(path, asked):
+            self._store(path, found)
+
     def put(self, path: str, found: Found | None) -> None:
+        """This mount's own knowledge of ``path``."""
+        self._touch(path)
+        self._store(path, found)
+
+    def _store(self, path: str, found: Found | None) -> None:
         ttl = self.ttl_s if found is not None else self.negative_ttl_s
-        self.forget(path)
+        for cache in self._caches:
+            cache.pop(path, None)
         if not self.enabled or ttl <= 0:
             return
         cache = self._types if found is not None and found.is_dir else self._entries
@@ -98,11 +148,13 @@ class MetadataCache:
             cache[path] = (found, size)
 
     def forget(self, path: str) -> None:
+        self._touch(path)
         for cache in self._caches:
             cache.pop(path, None)
 
     def forget_below(self, path: str) -> None:
         """Drop ``path`` and everything under it (a directory renamed or removed)."""
+        self._touch(path, below=True)
         prefix = path + "/"
         for cache in self._caches:
             for key in [k for k in cache if k == path or k.startswith(prefix)]:

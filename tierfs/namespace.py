@@ -32,7 +32,7 @@ import trio
 from cachetools import LRUCache, TTLCache
 
 from tierfs.errors import InvalidName, NameTooLong, NotFound
-from tierfs.storage import Bucket, ObjectInfo, check_name
+from tierfs.storage import Bucket, Listing, ObjectInfo, check_name
 
 if TYPE_CHECKING:
     from tierfs.metacache import MetadataCache
@@ -127,6 +127,7 @@ class Namespace:
         )
         self._hidden: LRUCache[str, None] = LRUCache(maxsize=HIDDEN_KEPT)
         self.hidden_names = 0  # distinct object names listed that no entry shows
+        self._changes = 0  # this mount's changes so far (a listing that saw one is not kept)
 
     def _hide(self, name: str) -> None:
         if name not in self._hidden:
@@ -170,6 +171,7 @@ class Namespace:
     def _changed(self, path: str, *, below: bool = False) -> None:
         """Drop kept listings that ``path`` changing makes stale (its ancestors' too: an
         implied directory may appear or vanish with it)."""
+        self._changes += 1
         if self.listings is None:
             return
         parts = path.split("/")
@@ -201,12 +203,17 @@ class Namespace:
             cached = self.cache.get(path)
             if cached is not MISSING:
                 return cached
-        found = await self._lookup(path)
-        if self.cache is not None:
+        if self.cache is None:
+            return await self._lookup(path)
+        asked = self.cache.asking()
+        try:
+            found = await self._lookup(path)
             # Only the answer is cached: asking GCS changed nothing, so the kept listings
             # of the parents stay (dropping them made every cold stat re-list every
             # ancestor, the root included, and the kernel drop its copies).
-            self.cache.put(path, found)
+            self.cache.put_answer(path, found, asked)
+        finally:
+            self.cache.answered()  # (after put_answer: it forgets what changed meanwhile)
         return found
 
     async def _lookup(self, path: str) -> Found | None:
@@ -256,9 +263,10 @@ class Namespace:
             kept = self.listings.get(path)
             if kept is not None:
                 return kept
+        changes = self._changes
         listing = await self._list_dir(path)
-        if self.listings is not None and not fresh:
-            self.listings[path] = listing
+        if self.listings is not None and not fresh and changes == self._changes:
+            self.listings[path] = listing  # (kept only if nothing changed while it came)
         return listing
 
     async def prefetch(self, path: str, max_entries: int) -> None:
@@ -268,7 +276,19 @@ class Namespace:
 
     async def _list_dir(self, path: str, max_results: int | None = None) -> DirListing:
         prefix = self.dir_object(path)
-        listing = await self.bucket.list(prefix, delimiter="/", max_results=max_results)
+        cache = self.cache
+        asked = cache.asking() if cache is not None else 0
+        try:
+            listing = await self.bucket.list(prefix, delimiter="/", max_results=max_results)
+            return self._listed(path, prefix, listing, max_results, asked)
+        finally:
+            if cache is not None:
+                cache.answered()  # (after the answers are stored, see `put_answer`)
+
+    def _listed(
+        self, path: str, prefix: str, listing: Listing, max_results: int | None, asked: int
+    ) -> DirListing:
+        cache = self.cache
         truncated = max_results is not None and (
             len(listing.objects) + len(listing.prefixes) >= max_results
         )
@@ -290,12 +310,12 @@ class Namespace:
             entry = part + CONFLICT_SUFFIX if part in dir_set else part
             files.append((entry, info))
             last = info is listing.objects[-1]
-            if self.cache is not None and not (truncated and last):
+            if cache is not None and not (truncated and last):
                 # (A cut listing may end between 'foo' and 'foo/': the last file is unsure.)
-                self.cache.put(self.child_path(path, entry), Found(False, info))
-        if self.implicit_dirs and self.cache is not None:
+                cache.put_answer(self.child_path(path, entry), Found(False, info), asked)
+        if self.implicit_dirs and cache is not None:
             for part in dirs:  # without implicit-dirs a prefix alone is not a directory
-                self.cache.put(self.child_path(path, part), Found(True))
+                cache.put_answer(self.child_path(path, part), Found(True), asked)
         return DirListing(tuple(files), tuple(dirs))
 
     async def list_below(self, path: str) -> tuple[ObjectInfo, ...]:

@@ -147,7 +147,7 @@ class Operations(pyfuse3.Operations):
         # write-back files to write.
         settings = fs.settings
         self.enable_passthrough = PASSTHROUGH and (
-            (settings.passthrough and any(tier.name == "ssd" for tier in fs.blocks.tiers))
+            (settings.passthrough and any(tier.persistent for tier in fs.blocks.tiers))
             or (fs.journal is not None and settings.write_passthrough)
         )
         release = os.uname().release

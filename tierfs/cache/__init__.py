@@ -15,7 +15,10 @@ a miss, never an error to the user.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tierfs.cache.ssd import Passthrough
 
 
 @dataclass(frozen=True, order=True)
@@ -28,9 +31,15 @@ class BlockKey:
 
 
 class Tier(Protocol):
-    """One cache level. Safe to call from many trio tasks."""
+    """One cache level. Safe to call from many trio tasks.
+
+    A *persistent* tier (the SSD tier) also keeps whole objects across remounts: it
+    takes the copy of a just-uploaded file, seals a complete object, and may hand a
+    sealed object's file to the kernel (FUSE passthrough). A tier that does not
+    answers those with False / None, so callers never ask a tier what it is."""
 
     name: str
+    persistent: bool
 
     async def get(self, key: BlockKey) -> bytes | None:
         """The block's bytes, or None on a miss (also when the stored copy is damaged)."""
@@ -47,6 +56,18 @@ class Tier(Protocol):
 
     async def discard(self, name: str, generation: int | None = None) -> None:
         """Drop the blocks of an object (one generation, or all)."""
+        ...
+
+    async def seal(self, name: str, generation: int, size: int) -> bool:
+        """Mark a whole object complete (a persistent tier); whether it is sealed now."""
+        ...
+
+    async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
+        """A pinned file of a sealed whole object the kernel may read directly, or None."""
+        ...
+
+    def unpin(self, pinned: Passthrough) -> None:
+        """Release what `passthrough` pinned (a no-op for a tier that pins nothing)."""
         ...
 
     def statistics(self) -> dict[str, int]:

@@ -61,6 +61,7 @@ class RamTier:
     """Blocks in memory, least recently used evicted first; at most ``max_bytes``."""
 
     name = "ram"
+    persistent = False  # gone with the process: no whole objects, no passthrough
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
@@ -98,6 +99,15 @@ class RamTier:
         keys = self._blocks.by_name.get(name, ())
         for key in [k for k in keys if generation is None or k.generation == generation]:
             del self._blocks[key]
+
+    async def seal(self, name: str, generation: int, size: int) -> bool:
+        return False
+
+    async def passthrough(self, name: str, generation: int, size: int) -> None:
+        return None
+
+    def unpin(self, pinned: object) -> None:
+        pass
 
     def statistics(self) -> dict[str, int]:
         return {

@@ -626,6 +626,7 @@ class SsdTier:
     """
 
     name = "ssd"
+    persistent = True  # whole objects kept across remounts, sealed, handed to the kernel
 
     def __init__(
         self,

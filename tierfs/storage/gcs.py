@@ -468,8 +468,10 @@ def _normalize_endpoint(endpoint: str) -> str:
     return url
 
 
-def _credentials(key_file: str, anonymous: bool) -> Credentials:
-    """Credentials from a key file, anonymous, or Application Default Credentials."""
+def _credentials(key_file: str, anonymous: bool, endpoint: str = "") -> Credentials:
+    """Credentials from a key file, anonymous, or Application Default Credentials. With a
+    custom endpoint and none of them, the one line says which flag an emulator needs
+    (anonymous access is never chosen silently: a private endpoint may want a token)."""
     scopes = list(storage.Client.SCOPE)
     if anonymous:
         return AnonymousCredentials()
@@ -478,6 +480,11 @@ def _credentials(key_file: str, anonymous: bool) -> Credentials:
     try:
         credentials, _ = google.auth.default(scopes=scopes)
     except auth_exceptions.DefaultCredentialsError as exc:
+        if endpoint:
+            raise AccessDenied(
+                f"no credentials for {endpoint}: add --anonymous-access (an emulator) or "
+                "--key-file=KEY.json"
+            ) from None
         env = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         detail = f" (GOOGLE_APPLICATION_CREDENTIALS: {_one_line(str(exc))})" if env else ""
         raise AccessDenied(NO_CREDENTIALS + detail) from None
@@ -567,9 +574,9 @@ class GcsBucket:
     ) -> GcsBucket:
         """A bucket handle; no request is made (call `check` for that).
 
-        Credentials: ``key_file`` if given; anonymous if asked for, or when a custom
-        ``endpoint`` is used without a key file (emulators); otherwise Application
-        Default Credentials, which may consult the GCE metadata server: this call can
+        Credentials: ``key_file`` if given; anonymous if asked for (an emulator must
+        ask); otherwise Application Default Credentials, which may consult the GCE
+        metadata server: this call can
         block for a few seconds, so run it in a thread from async code.  Raises
         `AccessDenied` with a one-line message when no credentials can be found.
 
@@ -578,7 +585,7 @@ class GcsBucket:
         """
         if limiter is None:
             limiter = trio.CapacityLimiter(max_connections or DEFAULT_CONCURRENCY)
-        credentials = _credentials(key_file, anonymous or (bool(endpoint) and not key_file))
+        credentials = _credentials(key_file, anonymous, endpoint)
         anonymous_credentials = isinstance(credentials, AnonymousCredentials)
         # Anonymous credentials cannot be refreshed: let a 401 be a 401, not a refresh error.
         session = AuthorizedSession(
