@@ -14,6 +14,7 @@ run: $(STAMP)
 
 test: $(STAMP) $(TORCH_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 # The optional torch extra for the checkpoint tests: tried once; where it cannot be
@@ -28,6 +29,7 @@ $(TORCH_STAMP): $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Regenerate the options table in docs/options.md from the schema.
 docs: $(STAMP)

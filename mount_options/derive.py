@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -141,7 +141,7 @@ def _severity_from_debug(settings: Settings, put: Callable[..., None]) -> None:
             return
 
 
-def file_cache_enabled(settings: Settings) -> bool:
+def file_cache_enabled(settings: Mapping[str, Any]) -> bool:
     return bool(settings["cache-dir"].value) and settings["file-cache:max-size-mb"].value != 0
 
 

@@ -64,6 +64,7 @@ def _opt(
     kind: Kind,
     default: Any,
     help: str,
+    *,
     flag: str | None = None,
     **extra: Any,
 ) -> Option:
@@ -71,9 +72,9 @@ def _opt(
     return Option(path, kind, default, help, flag=flag or key.replace(":", "-"), **extra)
 
 
-_H = {"hidden": True}
-_A = {"effect": ACCEPTED}
-_HA = {"hidden": True, "effect": ACCEPTED}
+_H: dict[str, Any] = {"hidden": True}
+_A: dict[str, Any] = {"effect": ACCEPTED}
+_HA: dict[str, Any] = {"hidden": True, "effect": ACCEPTED}
 _B, _I, _F, _S, _P, _D = (
     kinds.BOOL,
     kinds.INT,
@@ -82,7 +83,7 @@ _B, _I, _F, _S, _P, _D = (
     kinds.PATH,
     kinds.DURATION,
 )
-_ANY_SIZE = {"minimum": -1}
+_ANY_SIZE: dict[str, Any] = {"minimum": -1}
 
 SCHEMA: tuple[Option, ...] = (
     # -- top level -------------------------------------------------------------------------

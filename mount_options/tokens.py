@@ -79,8 +79,9 @@ def parse_token(token: str, source: str) -> Parsed:
         return Parsed()
     colon = _colon_form(text)
     if colon is not None:
-        option, raw = colon
-        return Parsed([Assignment(option.path, _value(option, raw, text), source, FILE_RANK)])
+        colon_option, raw = colon
+        value = _value(colon_option, raw, text)
+        return Parsed([Assignment(colon_option.path, value, source, FILE_RANK)])
     name, has_value, raw = text.partition("=")
     name = name.strip()
     word = name.lower()

@@ -672,7 +672,7 @@ def fake_gcs() -> Iterator[Callable[..., FakeGcs]]:
 
 def connect_fake(fake_gcs: Callable[..., FakeGcs], server: FakeGcs, **kwargs: object) -> GcsBucket:
     kwargs.setdefault("retry", FAST_RETRY)
-    gcs = GcsBucket.connect("b", endpoint=server.endpoint, **kwargs)  # type: ignore[arg-type]
+    gcs = GcsBucket.connect("b", endpoint=server.endpoint, anonymous=True, **kwargs)  # type: ignore[arg-type]
     fake_gcs.buckets.append(gcs)  # type: ignore[attr-defined]
     return gcs
 
@@ -774,7 +774,9 @@ async def test_connection_refused_is_a_backend_error() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     settings = RetrySettings(max_attempts=2, initial_sleep_s=0.001, max_sleep_s=0.001)
-    gcs = GcsBucket.connect("b", endpoint=f"http://127.0.0.1:{port}", retry=settings)
+    gcs = GcsBucket.connect(
+        "b", endpoint=f"http://127.0.0.1:{port}", anonymous=True, retry=settings
+    )
     try:
         with pytest.raises(BackendError) as caught:
             await gcs.check()

@@ -29,7 +29,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -51,7 +51,7 @@ class Delete:
     generation: int
     done: trio.Event = field(default_factory=trio.Event, repr=False)
 
-    def record(self) -> dict[str, object]:
+    def record(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "path": self.path,

@@ -18,10 +18,9 @@ from tierfs.inodes import ROOT_INO, Inode, Kind
 from tierfs.namespace import DirListing, Found
 from tierfs.writer import Staged, parse_mtime
 
-if TYPE_CHECKING:
-    from tierfs.filesystem import Filesystem
-
-    _Base = Filesystem
+if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
+    # until the parts take collaborators instead of sharing one object)
+    from typing import Any as _Base
 else:
     _Base = object
 

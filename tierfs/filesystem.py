@@ -183,7 +183,7 @@ class Filesystem(Directories, WritePath, Renames):
         self._emptied: LRUCache[str, float] = LRUCache(maxsize=4096)  # path -> until
         self._remote_readers: dict[str, Inode] = {}  # old object name -> inode reading it
         self._streams = 0
-        self._spares_coming = False  # a thread is making spare journal files
+        self._spares_coming: bool = False  # a thread is making spare journal files
         self._failed: dict[int, str] = {}  # ino -> last upload error, until it succeeds
         self.writeback_counts = {
             "committed": 0,

@@ -71,9 +71,9 @@ def rotating_file(
 def setup(config: Config, *, foreground: bool) -> None:
     """Configure the ``tierfs`` logger from the logging options."""
     logger = logging.getLogger("tierfs")
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        handler.close()
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+        old.close()
     logger.setLevel(LEVELS[config["logging:severity"]])
     logger.propagate = False
     path = config["logging:file-path"]

@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
@@ -65,7 +65,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _handler(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     op = fn.__name__
 
     @functools.wraps(fn)
@@ -248,7 +248,10 @@ class Operations(pyfuse3.Operations):
         return self.fs.readlink(inode).encode("utf-8")
 
     @_handler
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int | pyfuse3.FileInfo:
+    # pyfuse3 (patched, deploy/pyfuse3) takes a FileInfo too; its stub says int only.
+    async def opendir(  # type: ignore[override]
+        self, inode: int, ctx: pyfuse3.RequestContext
+    ) -> int | pyfuse3.FileInfo:
         fh = self.fs.opendir(inode)
         if not self.kernel_lists:
             return fh

@@ -41,10 +41,9 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
 
-if TYPE_CHECKING:
-    from tierfs.filesystem import Filesystem
-
-    _Base = Filesystem
+if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
+    # until the parts take collaborators instead of sharing one object)
+    from typing import Any as _Base
 else:
     _Base = object
 

@@ -72,7 +72,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import google_crc32c
 
@@ -439,7 +439,7 @@ class Journal:
     async def recover(
         self,
         bucket: Bucket,
-        run: Callable[..., Awaitable[object]],
+        run: Callable[..., Awaitable[Any]],
     ) -> Recovery:
         """Finish what a previous daemon committed but did not upload (see the module
         docstring). ``run`` runs a blocking function in a thread (trio.to_thread.run_sync)."""

@@ -42,16 +42,17 @@ LARGE_UPLOAD_BYTES = 8 << 20
 LARGE_UPLOADS = 4
 
 
-if TYPE_CHECKING:
-    from tierfs.filesystem import Filesystem
-
-    _Base = Filesystem
+if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
+    # until the parts take collaborators instead of sharing one object)
+    from typing import Any as _Base
 else:
     _Base = object
 
 
 class WritePath(_Base):
     """flush, fsync, release, staging, streaming, commits and uploads."""
+
+    _spares_coming: bool  # set up by Filesystem.__init__
 
     async def _start_stream(self, inode: Inode, object_name: str) -> None:
         upload = await self.bucket.open_upload(

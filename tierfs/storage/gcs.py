@@ -51,6 +51,7 @@ with anonymous credentials a 401 must not trigger a token refresh.
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import copy
 import functools
@@ -356,7 +357,8 @@ def _describe(exc: BaseException) -> str:
 
 def _server_message(response: requests.Response) -> str:
     """``error.message`` of a JSON error body already read, else ""."""
-    if response._content_consumed is not True or not response._content:
+    consumed = getattr(response, "_content_consumed", False)
+    if consumed is not True or not response._content:
         return ""  # never read a body here: it may be a stream
     try:
         message = response.json()["error"]["message"]
@@ -925,7 +927,7 @@ class GcsBucket:
         return blob
 
     @staticmethod
-    def _counting(retry: _BoundedRetry | None) -> tuple[_BoundedRetry | None, list[int]]:
+    def _counting(retry: _BoundedRetry | None) -> tuple[_BoundedRetry | None, builtins.list[int]]:
         """A copy of ``retry`` that counts, in the list returned, the retries of the call
         it is given to: a write whose precondition fails after a retry may have failed on
         its own first attempt (the answer lost), which `_own_object` then tells."""

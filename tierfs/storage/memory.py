@@ -41,7 +41,7 @@ import trio
 try:  # the C extension google-cloud-storage itself depends on; not a google.* module
     import google_crc32c
 except ImportError:  # pragma: no cover
-    google_crc32c = None
+    google_crc32c = None  # type: ignore[assignment]
 
 from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
