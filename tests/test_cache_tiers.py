@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from tierfs.blocks import BlockReader, Blocks, spawner
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
-from tierfs.cache.ssd import (
+from tierfs.cache.ssd import SsdTier
+from tierfs.cache.ssd_format import (
     AUTO,
     CACHE_DIR_NAME,
     HEADER,
     GiB,
     MiB,
-    SsdTier,
     _auto_capacity,
     _header,
     capacity_for,

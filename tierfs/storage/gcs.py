@@ -50,40 +50,21 @@ with anonymous credentials a 401 must not trigger a token refresh.
 
 from __future__ import annotations
 
-import base64
-import builtins
-import contextlib
-import copy
-import functools
-import http.client
-import json
 import math
-import os
-import re
-import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
-import google.auth
-import google_crc32c
 import requests
 import requests.adapters
 import trio
 import urllib3
 from google.api_core import exceptions as api_exceptions
 from google.api_core.client_info import ClientInfo
-from google.api_core.retry import Retry, exponential_sleep_generator, retry_target
-from google.auth import exceptions as auth_exceptions
-from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.credentials import AnonymousCredentials
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
-from google.cloud.storage.exceptions import InvalidResponse
-from google.oauth2 import credentials as user_credentials
-from google.oauth2 import service_account
 
 import tierfs
 from tierfs.errors import (
@@ -91,200 +72,35 @@ from tierfs.errors import (
     BackendError,
     NotFound,
     PreconditionFailed,
-    TierfsError,
 )
 from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
+from tierfs.storage.gcs_auth import (
+    NO_CREDENTIALS,
+    _credentials,
+    _normalize_endpoint,
+    _settle_environment,
+)
+from tierfs.storage.gcs_errors import _describe, _map_error
+from tierfs.storage.gcs_upload import (
+    UPLOAD_CHUNK_BYTES,
+    _info,
+    _Uploads,
+)
 from tierfs.storage.ratelimit import Throttle
-from tierfs.storage.stall import ReadStallSettings, StallTimeout
+from tierfs.storage.retry import (
+    RetrySettings,
+    _BoundedRetry,
+    _is_transient,
+)
+from tierfs.storage.stall import StallTimeout
 
 __all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
 
-NO_CREDENTIALS = (
-    "no credentials found: set GOOGLE_APPLICATION_CREDENTIALS, use --key-file,"
-    " or --anonymous-access"
-)
 DEFAULT_CONCURRENCY = 32
 DEFAULT_HTTP_TIMEOUT_S = 60.0
-UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
-# Files up to this size are uploaded in one request, larger ones as resumable uploads
-# in UPLOAD_CHUNK_BYTES chunks: a failed request re-sends at most one chunk's worth
-# either way, and one request saves the session's set-up (docs/uploads.md).
-SINGLE_REQUEST_BYTES = UPLOAD_CHUNK_BYTES
-_CRC_BLOCK = 8 * 1024 * 1024
-DEFAULT_CONTENT_TYPE = "application/octet-stream"
 _CHECK_ATTEMPTS = 3
-_MAX_DETAIL_CHARS = 300
-_ERRNO = re.compile(r"\[Errno -?\d+\][^'\")]*")
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
-    ConnectionError,
-    TimeoutError,
-    requests.ConnectionError,
-    requests.Timeout,
-    requests.exceptions.ChunkedEncodingError,
-    http.client.HTTPException,
-    urllib3.exceptions.HTTPError,
-)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    """gcsfuse's ``gcs-retries`` options, in the units api_core wants.
-
-    ``max_attempts`` counts requests, the first included (``max-retry-attempts``; 0 = no
-    cap, as in gcsfuse).  Sleeps grow from ``initial_sleep_s`` by ``multiplier`` up to
-    ``max_sleep_s`` (``max-retry-sleep``), with full jitter.  ``deadline_s`` bounds the
-    total time spent retrying one request (``request-deadline-secs``; None = no bound, as
-    in gcsfuse); ``upload_deadline_s`` does the same for an upload request or chunk
-    (``chunk-retry-deadline-secs``), and ``upload_stall_s`` cuts an upload request that
-    sends or receives nothing for that long (``chunk-transfer-timeout-secs``; None: the
-    HTTP timeout).  ``read_stall``: the read-stall timeout (None: the HTTP timeout).
-    """
-
-    max_attempts: int = 0
-    max_sleep_s: float = 30.0
-    multiplier: float = 2.0
-    deadline_s: float | None = None
-    initial_sleep_s: float = 1.0
-    upload_deadline_s: float | None = None
-    upload_stall_s: float | None = None
-    read_stall: ReadStallSettings | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 0:
-            raise ValueError(f"max_attempts must be >= 0, got {self.max_attempts}")
-        if self.multiplier < 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
-        if self.initial_sleep_s <= 0 or self.max_sleep_s <= 0:
-            raise ValueError("retry sleeps must be > 0")
-        for name in ("deadline_s", "upload_deadline_s", "upload_stall_s"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be > 0 or None, got {value}")
-
-
-class _RetriesExhausted(Exception):
-    """Raised from the retry hook when a request used up its attempts, or its time."""
-
-    def __init__(self, attempts: int, cause: Exception, seconds: float | None = None) -> None:
-        self.reason = (
-            f"gave up after {attempts} attempts"
-            if seconds is None
-            else f"gave up after {seconds:g} s, {attempts} attempts"
-        )
-        super().__init__(f"{self.reason}: {cause!r}")
-        self.attempts = attempts
-        self.cause = cause
-
-
-def _release(exc: BaseException) -> None:
-    """Close the HTTP response an error carries, if any.
-
-    A failed media download raises with its streamed response unread; until read or
-    closed, its connection is neither reused nor closed (a leaked socket per failed read).
-    """
-    for error in (exc, getattr(exc, "cause", None), exc.__cause__):
-        response = getattr(error, "response", None)
-        if isinstance(response, requests.Response):
-            if response.status_code >= 400:
-                with contextlib.suppress(Exception):
-                    _ = response.content  # a short error body: read, the connection is reused
-            response.close()
-
-
-def _is_transient(exc: Exception) -> bool:
-    """Worth another attempt: throttling, server errors, broken or slow connections."""
-    if isinstance(exc, api_exceptions.GoogleAPICallError):
-        return exc.code in _TRANSIENT_STATUS
-    if isinstance(exc, InvalidResponse):
-        return exc.response.status_code in _TRANSIENT_STATUS
-    if isinstance(exc, auth_exceptions.TransportError):
-        return True  # the token endpoint could not be reached
-    return isinstance(exc, _TRANSIENT_TYPES)
-
-
-class _BoundedRetry(Retry):
-    """api_core's exponential-backoff `Retry`, plus a cap on the attempts of one request,
-    and a deadline kept to the end: api_core gives up as soon as its next sleep would pass
-    the deadline (a request with 120 s may give up after 30), this one sleeps no further
-    than the deadline and tries once more there.
-
-    ``Retry`` wraps one request at a time; each wrapped call gets its own attempt counter
-    (a closure), so the object itself stays immutable and is shared by all threads.
-    ``on_retry`` runs (in the worker thread) before every retry; it must be thread-safe.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_attempts: int = 0,
-        on_retry: Callable[[Exception], None] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self._max_attempts = max_attempts
-        self._on_retry = on_retry
-
-    def __call__(
-        self, func: Callable[..., Any], on_error: Callable[[Exception], Any] | None = None
-    ) -> Callable[..., Any]:
-        max_attempts, on_retry, deadline_s = self._max_attempts, self._on_retry, self._timeout
-        predicate, initial, maximum = self._predicate, self._initial, self._maximum
-        multiplier = self._multiplier
-
-        @functools.wraps(func)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            attempts = 1
-            give_up_at = time.monotonic() + deadline_s if deadline_s is not None else None
-
-            def sleeps() -> Iterator[float]:
-                for delay in exponential_sleep_generator(initial, maximum, multiplier):
-                    if give_up_at is not None:
-                        delay = min(delay, max(0.0, give_up_at - time.monotonic()))
-                    yield delay
-
-            def before_retry(exc: Exception) -> None:
-                nonlocal attempts
-                _release(exc)
-                if max_attempts and attempts >= max_attempts:
-                    raise _RetriesExhausted(attempts, exc) from exc
-                if give_up_at is not None and time.monotonic() >= give_up_at:
-                    raise _RetriesExhausted(attempts, exc, deadline_s) from exc
-                attempts += 1
-                if on_retry is not None:
-                    on_retry(exc)
-                if on_error is not None:
-                    on_error(exc)
-
-            return retry_target(
-                functools.partial(func, *args, **kwargs),
-                predicate,
-                sleeps(),
-                timeout=None,
-                on_error=before_retry,
-            )
-
-        return run
-
-    def _keep(self, other: _BoundedRetry) -> _BoundedRetry:
-        other._max_attempts, other._on_retry = self._max_attempts, self._on_retry
-        return other
-
-    def with_timeout(self, timeout: float | None) -> _BoundedRetry:
-        return self._keep(super().with_timeout(timeout))
-
-    def with_predicate(self, predicate: Callable[[Exception], bool]) -> _BoundedRetry:
-        return self._keep(super().with_predicate(predicate))
-
-    def with_delay(
-        self,
-        initial: float | None = None,
-        maximum: float | None = None,
-        multiplier: float | None = None,
-    ) -> _BoundedRetry:
-        return self._keep(super().with_delay(initial, maximum, multiplier))
 
 
 class _Counters:
@@ -315,203 +131,7 @@ class _Counters:
             return dict(self._values)
 
 
-def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= _MAX_DETAIL_CHARS else line[: _MAX_DETAIL_CHARS - 1] + "…"
-
-
-def _status_of(exc: BaseException) -> int | None:
-    if isinstance(exc, api_exceptions.GoogleAPICallError):
-        return int(exc.code) if exc.code is not None else None
-    if isinstance(exc, InvalidResponse):
-        return int(exc.response.status_code)
-    return None
-
-
-def _describe(exc: BaseException) -> str:
-    """The cause of a failure in one short line, without URLs or response dumps."""
-    if isinstance(exc, _RetriesExhausted):
-        return f"{_describe(exc.cause)} ({exc.reason})"
-    if isinstance(exc, api_exceptions.RetryError):
-        cause = exc.cause
-        detail = _describe(cause) if cause is not None else "retry deadline exceeded"
-        return f"{detail} (retry deadline exceeded)"
-    status = _status_of(exc)
-    if status is not None:
-        reason = ""
-        if isinstance(exc, api_exceptions.GoogleAPICallError):
-            errors = [e for e in exc.errors if isinstance(e, Mapping)]
-            if errors and errors[0].get("message"):
-                reason = str(errors[0]["message"])
-        response = getattr(exc, "response", None)
-        if not reason and isinstance(response, requests.Response):
-            reason = _server_message(response) or response.reason or ""
-        if not reason:
-            reason = http.client.responses.get(status, "")
-        return _one_line(f"HTTP {status} {reason}".strip())
-    if isinstance(exc, requests.RequestException):
-        return _describe_transport(exc)
-    text = str(exc)
-    return _one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
-def _server_message(response: requests.Response) -> str:
-    """``error.message`` of a JSON error body already read, else ""."""
-    consumed = getattr(response, "_content_consumed", False)
-    if consumed is not True or not response._content:
-        return ""  # never read a body here: it may be a stream
-    try:
-        message = response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return ""
-    return str(message)
-
-
-def _describe_transport(exc: requests.RequestException) -> str:
-    """``connection failed (host:port): [Errno 111] Connection refused`` and the like."""
-    if isinstance(exc, requests.Timeout):
-        kind = "timed out"
-    elif isinstance(exc, requests.ConnectionError):
-        kind = "connection failed"
-    else:
-        kind = type(exc).__name__
-    request = exc.request
-    host = urlsplit(request.url).netloc if request is not None and request.url else ""
-    inner: object = exc.args[0] if exc.args else None
-    if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
-        inner = inner.reason
-    found = _ERRNO.search(str(exc))
-    detail = found.group(0).strip() if found else type(inner or exc).__name__
-    return _one_line(f"{kind} ({host}): {detail}" if host else f"{kind}: {detail}")
-
-
-def _map_error(exc: BaseException, what: str) -> TierfsError:
-    """The tierfs error for a library failure while working on ``what``."""
-    if isinstance(exc, TierfsError):
-        return exc
-    root: BaseException = exc
-    if isinstance(exc, _RetriesExhausted):
-        root = exc.cause
-    status = _status_of(root)
-    if status == 404:
-        return NotFound(f"{what}: not found")
-    if status == 412:
-        return PreconditionFailed(f"{what}: generation precondition failed")
-    if status in (401, 403) or isinstance(
-        root, auth_exceptions.RefreshError | auth_exceptions.DefaultCredentialsError
-    ):
-        return AccessDenied(f"{what}: access denied: {_describe(root)}")
-    return BackendError(f"{what}: {_describe(exc)}")
-
-
-class GcsUpload:
-    """A resumable upload fed as the file is written (google-cloud-storage's BlobWriter:
-    it buffers one chunk and sends it when full, in the calling worker thread)."""
-
-    def __init__(self, owner: GcsBucket, blob: storage.Blob, writer: Any, chunk: int) -> None:
-        self._owner, self._blob, self._writer, self._chunk = owner, blob, writer, chunk
-        self._written = 0
-
-    async def write(self, data: bytes) -> None:
-        before = self._written // self._chunk
-        self._written += len(data)
-        sent = self._written // self._chunk - before
-        what = f"gs://{self._owner.name}/{self._blob.name}"
-        await self._owner._call(lambda: self._writer.write(data), what, requests=sent)
-        if sent:  # counted when sent: buffered bytes of an aborted upload never reach GCS
-            self._owner._counters.add(bytes_written=sent * self._chunk)
-
-    async def finish(self) -> ObjectInfo:
-        blob, writer = self._blob, self._writer
-
-        def run() -> ObjectInfo:
-            writer.close()  # the last chunk; the object exists from here
-            blob.reload()  # BlobWriter keeps no response: read back the new generation
-            return _info(blob)
-
-        info = await self._owner._call(run, f"gs://{self._owner.name}/{blob.name}", requests=2)
-        self._owner._counters.add(bytes_written=self._written % self._chunk)
-        return info
-
-    async def abort(self) -> None:
-        writer = self._writer
-
-        def run() -> None:
-            with contextlib.suppress(Exception):
-                writer.terminate()
-
-        await trio.to_thread.run_sync(run)
-
-
-def _info(blob: storage.Blob) -> ObjectInfo:
-    """An `ObjectInfo` from the object resource the server returned."""
-    if blob.generation is None:
-        raise BackendError(f"{blob.name}: the server returned an object without a generation")
-    updated = blob.updated
-    return ObjectInfo(
-        name=blob.name,
-        size=int(blob.size or 0),
-        generation=int(blob.generation),
-        metageneration=int(blob.metageneration or 1),
-        updated_s=updated.timestamp() if updated is not None else 0.0,
-        metadata=dict(blob.metadata or {}),
-        content_type=blob.content_type,
-        crc32c=blob.crc32c,
-    )
-
-
-def _normalize_endpoint(endpoint: str) -> str:
-    """``host:port``, ``http://host:port/`` or ``.../storage/v1/`` -> ``scheme://host:port``."""
-    url = endpoint.strip().rstrip("/")
-    if url.endswith("/storage/v1"):
-        url = url[: -len("/storage/v1")]
-    if "://" not in url:
-        url = "https://" + url
-    return url
-
-
-def _credentials(key_file: str, anonymous: bool, endpoint: str = "") -> Credentials:
-    """Credentials from a key file, anonymous, or Application Default Credentials. With a
-    custom endpoint and none of them, the one line says which flag an emulator needs
-    (anonymous access is never chosen silently: a private endpoint may want a token)."""
-    scopes = list(storage.Client.SCOPE)
-    if anonymous:
-        return AnonymousCredentials()
-    if key_file:
-        return _key_file_credentials(key_file, scopes)
-    try:
-        credentials, _ = google.auth.default(scopes=scopes)
-    except auth_exceptions.DefaultCredentialsError as exc:
-        if endpoint:
-            raise AccessDenied(
-                f"no credentials for {endpoint}: add --anonymous-access (an emulator) or "
-                "--key-file=KEY.json"
-            ) from None
-        env = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-        detail = f" (GOOGLE_APPLICATION_CREDENTIALS: {_one_line(str(exc))})" if env else ""
-        raise AccessDenied(NO_CREDENTIALS + detail) from None
-    return credentials
-
-
-def _key_file_credentials(key_file: str, scopes: list[str]) -> Credentials:
-    """A service-account (or gcloud user) JSON key, loaded by its declared type only."""
-    try:
-        with open(key_file, encoding="utf-8") as stream:
-            info = json.load(stream)
-        kind = info.get("type") if isinstance(info, dict) else None
-        if kind == "service_account":
-            return service_account.Credentials.from_service_account_info(info, scopes=scopes)
-        if kind == "authorized_user":
-            return user_credentials.Credentials.from_authorized_user_info(info, scopes=scopes)
-    except (auth_exceptions.GoogleAuthError, OSError, ValueError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else _describe(exc)
-        raise AccessDenied(f"cannot use key file {key_file!r}: {detail}") from None
-    raise AccessDenied(
-        f"cannot use key file {key_file!r}: type {kind!r} is not a service account key"
-    )
-
-
-class GcsBucket:
+class GcsBucket(_Uploads):
     """One bucket on GCS or a GCS-compatible endpoint.  Build it with `connect`."""
 
     def __init__(
@@ -777,215 +397,6 @@ class GcsBucket:
         self._counters.add(bytes_read=len(data))
         return data
 
-    async def open_upload(
-        self,
-        name: str,
-        *,
-        if_generation_match: int | None,
-        chunk_bytes: int,
-        content_type: str | None = None,
-    ) -> GcsUpload:
-        check_name(name)
-        chunk = max(256 << 10, chunk_bytes // (256 << 10) * (256 << 10))  # GCS's unit
-        blob = self._bucket.blob(name, chunk_size=chunk)
-        writer = blob.open(
-            "wb",
-            chunk_size=chunk,
-            ignore_flush=True,
-            content_type=content_type or DEFAULT_CONTENT_TYPE,
-            if_generation_match=if_generation_match,
-            retry=self._upload_retry if if_generation_match is not None else None,
-            timeout=self._upload_timeout_s,
-        )
-        return GcsUpload(self, blob, writer, chunk)
-
-    async def write_file(
-        self,
-        name: str,
-        path: str,
-        *,
-        if_generation_match: int | None,
-        metadata: Mapping[str, str] | None = None,
-        content_type: str | None = None,
-    ) -> ObjectInfo:
-        check_name(name)
-        blob_metadata = dict(metadata) if metadata else None
-        retry = self._upload_retry if if_generation_match is not None else None
-        bucket, timeout, chunk_bytes = self._bucket, self._upload_timeout_s, self._chunk_bytes
-        counters = self._counters
-
-        # Opened first, outside `_call`: a local failure (ENOENT, EACCES...) stays an
-        # OSError with its errno, as with `MemoryBucket`, instead of a BackendError.
-        stream = await trio.to_thread.run_sync(open, path, "rb")
-
-        def run() -> ObjectInfo:
-            size = os.fstat(stream.fileno()).st_size
-            if size <= SINGLE_REQUEST_BYTES:
-                info = self._upload_one_request(
-                    name,
-                    stream.fileno(),
-                    size,
-                    if_generation_match=if_generation_match,
-                    metadata=blob_metadata,
-                    content_type=content_type or DEFAULT_CONTENT_TYPE,
-                    retry=retry,
-                )
-                counters.add(bytes_written=size)
-                return info
-            blob = bucket.blob(name, chunk_size=chunk_bytes)
-            blob.metadata = blob_metadata
-            blob.upload_from_file(
-                stream,
-                size=size,
-                content_type=content_type or DEFAULT_CONTENT_TYPE,
-                if_generation_match=if_generation_match,
-                checksum="crc32c",
-                retry=retry,
-                timeout=timeout,
-            )
-            counters.add(bytes_written=size)
-            return _info(blob)
-
-        try:
-            return await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
-        finally:
-            stream.close()
-
-    def _upload_one_request(
-        self,
-        name: str,
-        fd: int,
-        size: int,
-        *,
-        if_generation_match: int | None,
-        metadata: Mapping[str, str] | None,
-        content_type: str,
-        retry: Retry | None,
-    ) -> ObjectInfo:
-        """The first ``size`` bytes of ``fd`` as one multipart (resource + media) POST, read
-        from the file as it is sent, in the calling worker thread. The client library's
-        own upload costs about 3 ms of CPU per small file (retry and tracing wrappers,
-        argument building) and holds the whole body in memory. The crc32c goes in the
-        resource, so GCS refuses bytes that do not match it (a file changed under us)."""
-        checksum = google_crc32c.Checksum()
-        for offset in range(0, size, _CRC_BLOCK):
-            checksum.update(os.pread(fd, min(_CRC_BLOCK, size - offset), offset))
-        crc = base64.b64encode(checksum.digest()).decode("ascii")
-        resource: dict[str, Any] = {"name": name, "contentType": content_type, "crc32c": crc}
-        if metadata:
-            resource["metadata"] = dict(metadata)
-        boundary = "tierfs-" + secrets.token_hex(16)
-        head = (
-            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
-            f"{json.dumps(resource)}\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n"
-        ).encode()
-        tail = f"\r\n--{boundary}--\r\n".encode()
-        params: dict[str, str | int] = {"uploadType": "multipart"}
-        if if_generation_match is not None:
-            params["ifGenerationMatch"] = if_generation_match
-        if self._bucket.user_project:
-            params["userProject"] = self._bucket.user_project
-        session: requests.Session = self._client._http
-        url = self._upload_url
-        headers = {"Content-Type": f'multipart/related; boundary="{boundary}"'}
-        timeout = self._upload_timeout_s or None
-
-        tries = 0
-
-        def attempt() -> dict[str, Any]:
-            nonlocal tries
-            tries += 1
-            body = _FileBody(head, fd, size, tail)  # anew each attempt: from the start
-            response = session.post(url, params=params, data=body, headers=headers, timeout=timeout)
-            if response.status_code >= 400:
-                raise api_exceptions.from_http_response(response)
-            result: dict[str, Any] = response.json()
-            return result
-
-        try:
-            answer = retry(attempt)() if retry is not None else attempt()
-        except api_exceptions.PreconditionFailed:
-            # A retry whose precondition fails may be failing on our own first attempt:
-            # GCS made the object and its answer was lost (a reset, a stall cut short).
-            # Then the live object holds exactly these bytes, and the upload succeeded.
-            own = self._own_object(name, crc, size) if tries > 1 else None
-            if own is None:
-                raise
-            answer = dict(own._properties)
-        if answer.get("crc32c", crc) != crc or int(answer.get("size", size)) != size:
-            raise BackendError(f"gs://{self.name}/{name}: GCS holds other bytes than were sent")
-        blob = self._bucket.blob(name)
-        blob._set_properties(answer)  # as the library reads its own upload's answer
-        return _info(blob)
-
-    def _own_object(self, name: str, crc: str | None, size: int | None) -> storage.Blob | None:
-        """Live object ``name`` if it holds ``size`` bytes with checksum ``crc`` (what this
-        client just wrote), else None; in the calling worker thread."""
-        blob = self._bucket.get_blob(name, retry=self._retry, timeout=self._timeout_s)
-        if blob is None or crc is None or blob.crc32c != crc or blob.size != size:
-            return None
-        return blob
-
-    @staticmethod
-    def _counting(retry: _BoundedRetry | None) -> tuple[_BoundedRetry | None, builtins.list[int]]:
-        """A copy of ``retry`` that counts, in the list returned, the retries of the call
-        it is given to: a write whose precondition fails after a retry may have failed on
-        its own first attempt (the answer lost), which `_own_object` then tells."""
-        count = [0]
-        if retry is None:
-            return None, count
-        counted = copy.copy(retry)
-        inner = retry._on_retry
-
-        def on_retry(exc: Exception) -> None:
-            count[0] += 1
-            if inner is not None:
-                inner(exc)
-
-        counted._on_retry = on_retry
-        return counted, count
-
-    async def write_bytes(
-        self,
-        name: str,
-        data: bytes,
-        *,
-        if_generation_match: int | None,
-        metadata: Mapping[str, str] | None = None,
-        content_type: str | None = None,
-    ) -> ObjectInfo:
-        check_name(name)
-        body = bytes(data)
-        blob_metadata = dict(metadata) if metadata else None
-        retry, retries = self._counting(
-            self._upload_retry if if_generation_match is not None else None
-        )
-        bucket, timeout, chunk_bytes = self._bucket, self._upload_timeout_s, self._chunk_bytes
-        crc = base64.b64encode(google_crc32c.Checksum(body).digest()).decode("ascii")
-
-        def run() -> ObjectInfo:
-            blob = bucket.blob(name, chunk_size=chunk_bytes)
-            blob.metadata = blob_metadata
-            try:
-                blob.upload_from_string(
-                    body,
-                    content_type=content_type or DEFAULT_CONTENT_TYPE,
-                    if_generation_match=if_generation_match,
-                    checksum="crc32c",
-                    retry=retry,
-                    timeout=timeout,
-                )
-            except api_exceptions.PreconditionFailed:
-                own = self._own_object(name, crc, len(body)) if retries[0] else None
-                if own is None:
-                    raise
-                return _info(own)
-            return _info(blob)
-
-        info = await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
-        self._counters.add(bytes_written=len(body))
-        return info
-
     async def delete(self, name: str, *, if_generation_match: int | None = None) -> None:
         # Retried even without a precondition, as gcsfuse retries every request: a retry
         # after a lost answer finds nothing (NotFound, which callers take as done).
@@ -1116,47 +527,6 @@ class GcsBucket:
             if error is exc:
                 raise
             raise error from exc
-
-
-class _FileBody:
-    """A request body of ``head``, ``size`` bytes of ``fd`` from offset 0, and ``tail``,
-    read as http.client sends it (it asks ``len`` for the Content-Length): a 64 MiB
-    upload costs no 64 MiB of memory."""
-
-    def __init__(self, head: bytes, fd: int, size: int, tail: bytes) -> None:
-        self._parts = [head, b"", tail]
-        self._fd, self._size, self._offset = fd, size, 0
-        self._left = len(head) + size + len(tail)
-
-    def __len__(self) -> int:
-        return self._left
-
-    def read(self, amount: int = -1) -> bytes:
-        if amount < 0:
-            amount = self._left
-        if self._parts[0]:
-            out, self._parts[0] = self._parts[0][:amount], self._parts[0][amount:]
-        elif self._offset < self._size:
-            out = os.pread(self._fd, min(amount, self._size - self._offset), self._offset)
-            if not out:  # shrank under us: fail the request rather than leave it hanging
-                raise ValueError(f"file ended at {self._offset} of {self._size} bytes")
-            self._offset += len(out)
-        else:
-            out, self._parts[2] = self._parts[2][:amount], self._parts[2][amount:]
-        self._left -= len(out)
-        return out
-
-
-def _settle_environment(session: requests.Session, url: str) -> None:
-    """Read the environment's proxy and CA-bundle settings (HTTPS_PROXY, NO_PROXY,
-    REQUESTS_CA_BUNDLE...) once, for the one endpoint this session talks to, instead of
-    at every request: requests looks them up, and ~/.netrc, per request, about a tenth of
-    the CPU of a small upload."""
-    session.proxies.update(requests.utils.get_environ_proxies(url))
-    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
-    if bundle:
-        session.verify = bundle
-    session.trust_env = False
 
 
 def _listing(objects: list[ObjectInfo], prefixes: set[str], max_results: int | None) -> Listing:

@@ -1,0 +1,171 @@
+"""Lookups: a path to an inode, through the metadata cache and GCS.
+
+``lookup`` and what answers it: the metadata prefetch of a directory on its first
+lookup, ``_resolve`` (inode table, then `Namespace`), and the inode of a file found in
+GCS. A part of `tierfs.filesystem.Filesystem`, sharing its state.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from tierfs.errors import (
+    NotFound,
+)
+from tierfs.inodes import ROOT_INO, Inode, Kind
+from tierfs.namespace import (
+    is_symlink,
+)
+from tierfs.storage import ObjectInfo
+from tierfs.writer import parse_mtime
+
+if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
+    # until the parts take collaborators instead of sharing one object)
+    from typing import Any as _Base
+else:
+    _Base = object
+
+log = logging.getLogger("tierfs.fs")
+
+
+class Lookups(_Base):
+    """Lookups: a path to an inode, through the metadata cache and GCS."""
+
+    async def lookup(self, parent_ino: int, name: str) -> Inode:
+        """The inode of ``name`` in a directory; the caller hands it to the kernel (+1 lookup)."""
+        parent = self._dir(parent_ino)
+        path = self.names.child_path(parent.path, name)
+        if not self.owned.owns(parent.path):  # (an owned one holds only what we made)
+            self._prefetch_listing(parent.path)
+        listing = self._listing_in_flight.get(parent.path)
+        if listing is not None and self.inodes.current(path) is None:
+            await listing.wait()  # one listing answers this and its siblings: no own requests
+        inode = await self._resolve(path)
+        if inode is None:
+            raise NotFound(path)
+        self.inodes.remember(inode)
+        return inode
+
+    def _prefetch_listing(self, dir_path: str) -> None:
+        """gcsfuse's metadata prefetch: the first lookup in a directory lists it in the
+        background, so the stats of its siblings (``ls -l``, a data loader opening every
+        file) come from the metadata cache instead of one or two requests each."""
+        s = self.settings
+        if self.spawn is None or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
+            return
+        if dir_path in self._listing_in_flight:
+            return
+        now = self._monotonic_s()
+        last = self._prefetched_dirs.get(dir_path)
+        if last is not None and now - last < s.metadata_ttl_s:
+            return
+        if len(self._prefetched_dirs) > 100_000:
+            self._prefetched_dirs.clear()
+        self._prefetched_dirs[dir_path] = now
+        self._listing_in_flight[dir_path] = trio.Event()
+        self.spawn(self._list_in_background, dir_path)
+
+    async def _list_in_background(self, dir_path: str) -> None:
+        try:
+            async with self._prefetch_limiter:
+                await self.names.prefetch(dir_path, self.settings.metadata_prefetch_entries)
+        except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
+            log.debug("metadata prefetch of %r failed: %s", dir_path, err)
+        finally:
+            self._listing_in_flight.pop(dir_path).set()
+
+    def remember(self, inode: Inode) -> None:
+        """The kernel accepted ``inode`` in a readdir reply."""
+        self.inodes.by_ino.setdefault(inode.ino, inode)
+        self.inodes.remember(inode)
+
+    def forget(self, ino: int, count: int) -> None:
+        self.inodes.forget(ino, count)
+
+    async def _resolve(self, path: str) -> Inode | None:
+        current = self.inodes.current(path)
+        if current is not None and (current.local_only or current.staged is not None):
+            return current  # local state is newer than anything GCS can say
+        if current is None and self.owned.absent(path):
+            return None  # in a directory this mount made, and never made here
+        if self.pending_deletes and self.pending_deletes.hides(path):
+            return None  # removed here; GCS still has it until its delete runs
+        if self.pending_moves:
+            if self.pending_moves.hides(path):
+                return None  # renamed away; its objects may still be there, being moved
+            source = self.pending_moves.source_of(path)
+            if source is not None:
+                return current if current is not None else await self._resolve_moving(path, source)
+        found = await self.names.lookup(path)
+        current = self.inodes.current(path)  # may have changed while we awaited
+        if current is not None and (current.local_only or current.staged is not None):
+            return current
+        if found is None:
+            if self._monotonic_s() < self._emptied.get(path, 0.0):
+                # An implied directory whose last object this mount removed: still there,
+                # empty, for the metadata TTL (gcsfuse's type cache), so that the rmdir
+                # `rm -rf` makes of it next succeeds (the kernel may have forgotten it).
+                if current is not None and current.kind is Kind.DIR:
+                    return current
+                return self.inodes.make(Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns)
+            if current is not None:
+                self.inodes.detach(current)
+            return None
+        if found.is_dir:
+            if current is not None and current.kind is Kind.DIR:
+                current.placeholder = found.placeholder
+                return current
+            return self.inodes.make(
+                Kind.DIR, path, mtime_ns=self._dir_mtime(found.info), placeholder=found.placeholder
+            )
+        assert found.info is not None
+        return await self._file_inode(path, found.info)
+
+    async def _settle(self, *paths: str, deletes: bool = True) -> None:
+        """Before a change to ``paths``: wait for the background renames covering them and,
+        with ``deletes``, for the background deletes at or below them."""
+        if self.pending_moves:
+            await self.pending_moves.settled(*paths)
+        if deletes and self.pending_deletes:
+            await self.pending_deletes.settled(*paths)
+
+    async def _file_inode(self, path: str, info: ObjectInfo) -> Inode:
+        """The inode for one generation of a file or symlink object (reused if unchanged)."""
+        current = self.inodes.current(path)
+        if (
+            current is not None
+            and current.kind is not Kind.DIR
+            and current.generation == info.generation
+        ):
+            current.metageneration = info.metageneration
+            current.mtime_ns = parse_mtime(info.metadata, info.updated_s)
+            current.crc32c = info.crc32c
+            return current
+        kind = Kind.SYMLINK if is_symlink(info) else Kind.FILE
+        target = await self.names.symlink_target(info) if kind is Kind.SYMLINK else ""
+        current = self.inodes.current(path)
+        if current is not None and (current.local_only or current.staged is not None):
+            return current
+        return self.inodes.make(
+            kind,
+            path,
+            size=len(target.encode()) if kind is Kind.SYMLINK else info.size,
+            generation=info.generation,
+            metageneration=info.metageneration,
+            mtime_ns=parse_mtime(info.metadata, info.updated_s),
+            target=target,
+            metadata=dict(info.metadata),
+            crc32c=info.crc32c,
+        )
+
+    def _dir_mtime(self, info: ObjectInfo | None) -> int:
+        if info is None:
+            return self.inodes[ROOT_INO].mtime_ns
+        return parse_mtime(info.metadata, info.updated_s)
+
+    # -- directories ---------------------------------------------------------------------------
+
+    # -- files: create, open, read, write --------------------------------------------------------
