@@ -63,15 +63,14 @@ import hashlib
 import logging
 import re
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from tierfs.cache import BlockKey
+from tierfs.cache.ssd_budget import _Budget
 from tierfs.cache.ssd_format import (
     _MISSING,
-    _NAME_HASH_HEX,
     _OK,
     _U64,
     AUTO,
@@ -82,12 +81,8 @@ from tierfs.cache.ssd_format import (
     HEADER,
     MAGIC,
     SEAL,
-    _apply_drops,
     _auto_capacity,
-    _check_seal,
-    _Drop,
     _header,
-    _index_of,
     _name_bytes,
     _name_hash,
     _object_of,
@@ -95,10 +90,10 @@ from tierfs.cache.ssd_format import (
     _read_block,
     _round_up,
     _write_block,
-    _write_seal,
     capacity_for,
     safety_margin,
 )
+from tierfs.cache.ssd_seals import Passthrough, _Seals
 
 __all__ = [
     "AUTO",
@@ -119,16 +114,7 @@ log = logging.getLogger("tierfs.cache")
 # --- the tier ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Passthrough:
-    """A sealed data file the kernel may read directly, pinned until `SsdTier.unpin`."""
-
-    path: Path
-    key: str
-    size: int
-
-
-class SsdTier:
+class SsdTier(_Seals, _Budget):
     """Blocks in files under ``root``, LRU-evicted within ``max_bytes``, kept across mounts.
 
     ``max_bytes``: a byte count, 0 (disabled: nothing is created, every get misses)
@@ -417,95 +403,6 @@ class SsdTier:
 
     # -- whole objects: seal and passthrough --------------------------------------------
 
-    async def seal(self, name: str, generation: int, size: int) -> bool:
-        """Seal an object every block of which is here and was written or CRC-checked by
-        this process: sync its data file and record its identity. True if it is sealed."""
-        self._check_open()
-        obj = self._complete(name, generation, size)
-        if obj is None:
-            return False
-        if obj in self._sealed:
-            return True
-        if not self._objects[obj] <= self._trusted:
-            return False
-        forgets = self._forgets
-        try:
-            with trio.CancelScope(shield=True):
-                sealed = await trio.to_thread.run_sync(
-                    _write_seal,
-                    self._seal_path(obj),
-                    self._data_path(obj),
-                    generation,
-                    self._block_size,
-                    size,
-                    limiter=self._limiter,
-                )
-        except OSError as exc:
-            self._failed("seal", "cannot seal gs://%s#%d: %s", name, generation, exc)
-            return False
-        if sealed and self._forgets == forgets:
-            self._sealed.add(obj)
-            self._seals += 1
-            return True
-        return False
-
-    async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
-        """The object's data file, pinned, if the tier holds all of it under a seal that
-        still matches (checked once per object per process) or it can seal it now; else
-        None. Every block counts as used. Release with `unpin`."""
-        self._check_open()
-        obj = self._complete(name, generation, size)
-        if obj is None or not size:
-            return None
-        if obj not in self._sealed:
-            records = [self._path(stem) for stem in self._objects[obj]]
-            forgets = self._forgets
-            try:
-                valid = await trio.to_thread.run_sync(
-                    _check_seal,
-                    self._seal_path(obj),
-                    self._data_path(obj),
-                    generation,
-                    self._block_size,
-                    size,
-                    records,
-                    limiter=self._limiter,
-                )
-            except OSError as exc:
-                self._failed("check", "cannot check the seal of gs://%s: %s", name, exc)
-                valid = False
-            if valid and self._forgets == forgets:
-                self._sealed.add(obj)
-            elif not await self.seal(name, generation, size):
-                return None
-        if obj not in self._sealed or obj in self._busy_objects:
-            return None
-        for stem in self._objects[obj]:
-            self._index.move_to_end(stem)
-        self._pins[obj] += 1
-        self._passthrough_opens += 1
-        self._passthrough_bytes += size
-        return Passthrough(self._data_path(obj), obj, size)
-
-    def unpin(self, handle: Passthrough) -> None:
-        """The kernel no longer reads ``handle``'s file through that open."""
-        self._pins[handle.key] -= 1
-        if self._pins[handle.key] <= 0:
-            del self._pins[handle.key]
-
-    def _complete(self, name: str, generation: int, size: int) -> str | None:
-        """The object's key if every block of a ``size``-byte object is in the index."""
-        if not self._max_bytes or not self._wanted(name):
-            return None
-        obj = f"{_name_hash(_name_bytes(name))}.{generation}.{self._block_size}"
-        stems = self._objects.get(obj)
-        blocks = -(-size // self._block_size)
-        if stems is None or len(stems) != blocks:
-            return None
-        return obj
-
-    # -- helpers -------------------------------------------------------------------------
-
     def footprint(self, key: BlockKey, length: int) -> int:
         """Bytes of cache a block of ``length`` payload bytes costs (its record included,
         each rounded up to the volume's fragment size)."""
@@ -550,100 +447,6 @@ class SsdTier:
 
     def _describe(self, key: BlockKey) -> str:
         return f"block {key.index} of {key.name!r} (generation {key.generation})"
-
-    def _add(self, stem: str, size: int) -> None:
-        self._index[stem] = size
-        self._used_bytes += size
-        obj = _object_of(stem)
-        self._objects.setdefault(obj, set()).add(stem)
-        self._by_name.setdefault(stem[:_NAME_HASH_HEX], set()).add(obj)
-
-    def _forget(self, stem: str) -> None:
-        """Take ``stem`` out of the index (its record is still to be deleted)."""
-        self._used_bytes -= self._index.pop(stem)
-        self._forgets += 1
-        self._trusted.discard(stem)
-        obj = _object_of(stem)
-        self._sealed.discard(obj)
-        stems = self._objects[obj]
-        stems.discard(stem)
-        if not stems:
-            del self._objects[obj]
-            objects = self._by_name[stem[:_NAME_HASH_HEX]]
-            objects.discard(obj)
-            if not objects:
-                del self._by_name[stem[:_NAME_HASH_HEX]]
-
-    def _drops(self, stems: list[str], *, whole: bool = False) -> list[_Drop]:
-        """What to delete for ``stems`` (already forgotten), object by object; mark busy.
-
-        An object with no block left, or pinned by a passthrough open (whose file the
-        kernel reads: a punched range would read as zeros), loses its whole data file;
-        the pinned object's other blocks are forgotten with it."""
-        by_object: dict[str, list[str]] = {}
-        for stem in stems:
-            by_object.setdefault(_object_of(stem), []).append(stem)
-        drops = []
-        for obj, gone in by_object.items():
-            remaining = self._objects.get(obj, set())
-            if remaining and (whole or obj in self._pins):
-                gone.extend(remaining)
-                for stem in list(remaining):
-                    self._forget(stem)
-                remaining = set()
-            punch = None
-            if remaining or (obj in self._writing and obj not in self._pins):
-                size = self._block_size
-                punch = tuple((_index_of(stem) * size, size) for stem in gone)
-            else:
-                self._busy_objects.add(obj)
-            self._busy.update(gone)
-            drops.append(
-                _Drop(
-                    tuple(self._path(s) for s in gone),
-                    self._data_path(obj),
-                    self._seal_path(obj),
-                    punch,
-                )
-            )
-        return drops
-
-    def _release(self, drops: list[_Drop]) -> None:
-        for drop in drops:
-            self._busy.difference_update(p.name for p in drop.records)
-            if drop.punch is None:
-                self._busy_objects.discard(drop.data.name.removesuffix(".data"))
-
-    def _make_room(self, size: int) -> list[_Drop]:
-        """Evict LRU blocks until ``size`` more bytes (and one more entry) fit; return what
-        to delete (marked busy). Requires pending + size <= capacity."""
-        victims: list[str] = []
-        entries = 1 if size else 0
-        while self._index and (
-            self._used_bytes + self._pending_bytes + size > self._max_bytes
-            or len(self._index) + entries > self._max_entries
-        ):
-            stem = next(iter(self._index))
-            self._forget(stem)
-            victims.append(stem)
-        self._evictions += len(victims)
-        return self._drops(victims)
-
-    async def _delete(self, drops: list[_Drop]) -> None:
-        """Carry out ``drops`` (from `_drops`), busy until done."""
-        if not drops:
-            return
-        failures: list[tuple[Path, OSError]] = []
-        try:
-            with trio.CancelScope(shield=True):
-                failures = await trio.to_thread.run_sync(_apply_drops, drops, limiter=self._limiter)
-        finally:
-            self._release(drops)
-        self._count_delete_failures(failures)
-
-    def _count_delete_failures(self, failures: list[tuple[Path, OSError]]) -> None:
-        for path, exc in failures:
-            self._failed("delete", "cannot delete %s: %s", path, exc)
 
     def _failed(self, kind: str, message: str, *args: object) -> None:
         """A disk failure: counted (``errors`` in `tierfs stats`) and said (see `_say`)."""
