@@ -13,7 +13,7 @@ import trio.testing
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
 from tierfs.filesystem import Filesystem, Settings
 from tierfs.inodes import ROOT_INO, Inode
-from tierfs.metacache import MetadataCache
+from tierfs.metacache import PRUNE_AT, MetadataCache
 from tierfs.namespace import MISSING, Found
 from tierfs.storage import ObjectInfo
 from tierfs.storage.memory import MemoryBucket
@@ -353,13 +353,35 @@ def test_an_answer_older_than_a_change_of_this_mount_is_not_kept() -> None:
     cache.put_answer("a", Found(False, ObjectInfo("a", 3, 1)), asked)
     cache.put_answer("dir/x", Found(False, ObjectInfo("dir/x", 1, 1)), asked)
     cache.put_answer("b", Found(False, ObjectInfo("b", 1, 1)), asked)
-    cache.answered()
+    cache.answered(asked)
     assert cache.get("a") is new
     assert cache.get("dir/x") is MISSING
     assert cache.get("b") is not MISSING
     # With nothing out, later answers are simply kept, and nothing is remembered.
     asked = cache.asking()
     cache.put_answer("a", Found(False, ObjectInfo("a", 11, 3)), asked)
-    cache.answered()
+    cache.answered(asked)
     assert cache.get("a").info.generation == 3
     assert not cache._touched and not cache._touched_below
+
+
+def test_on_a_mount_never_without_a_request_out_the_changes_kept_stay_bounded() -> None:
+    """Overlapping requests, one always out: what is remembered of changes is pruned to
+    those a request still out may need, and a change still counts against its answer."""
+    cache = MetadataCache(ttl_s=60, negative_ttl_s=5, max_bytes=1 << 20)
+    held = cache.asking()  # a slow listing, out the whole time
+    cache.put("x", Found(False, ObjectInfo("x", 1, 9)))
+    previous = cache.asking()
+    for i in range(10 * PRUNE_AT):
+        cache.put(f"f{i}", Found(False, ObjectInfo(f"f{i}", 1, 1)))
+        current = cache.asking()
+        cache.answered(previous)  # each request overlaps the next
+        previous = current
+        if i == 5 * PRUNE_AT:
+            cache.answered(held)  # the slow one answers at last
+    assert len(cache._touched) <= PRUNE_AT + 1
+    cache.put("late", Found(False, ObjectInfo("late", 1, 5)))
+    cache.put_answer("late", Found(False, ObjectInfo("late", 1, 4)), previous)
+    assert cache.get("late").info.generation == 5  # the newer change still wins
+    cache.answered(previous)
+    assert not cache._touched

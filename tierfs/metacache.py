@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from cachetools import TLRUCache
@@ -32,6 +33,7 @@ from tierfs.namespace import MISSING, Found
 
 ENTRY_OVERHEAD_BYTES = 320  # dict slot, key, tuple, Found and ObjectInfo objects
 _Cache = TLRUCache[str, tuple[Found | None, int]]
+PRUNE_AT = 1024  # changes remembered before `answered` drops those no request needs
 
 
 def _entry_bytes(path: str, found: Found | None) -> int:
@@ -64,9 +66,10 @@ class MetadataCache:
         self.negative_hits = 0
         self.misses = 0
         # Changes made while answers are awaited: path -> the change's number (see
-        # `put_answer`). Kept only while some request is out, so it never grows for long.
+        # `put_answer`). Kept only as long as a request older than the change is out (a
+        # busy mount always has some out: `answered` prunes what none can need).
         self._sequence = 0
-        self._asking = 0
+        self._asked: Counter[int] = Counter()  # requests out, by the number they were sent at
         self._touched: dict[str, int] = {}
         self._touched_below: dict[str, int] = {}
 
@@ -98,20 +101,27 @@ class MetadataCache:
         return entry[0]
 
     def asking(self) -> int:
-        """A request to GCS is about to be sent; give its answer's `put_answer` this."""
-        self._asking += 1
+        """A request to GCS is about to be sent; give its answer's `put_answer`, and then
+        `answered`, this."""
+        self._asked[self._sequence] += 1
         return self._sequence
 
-    def answered(self) -> None:
-        """The request of an `asking` has its answer (or failed)."""
-        self._asking -= 1
-        if self._asking <= 0:
-            self._asking = 0
+    def answered(self, asked: int) -> None:
+        """The request of an `asking` has its answer (or failed), and it is stored."""
+        self._asked[asked] -= 1
+        if self._asked[asked] <= 0:
+            del self._asked[asked]
+        if not self._asked:
             self._touched.clear()
             self._touched_below.clear()
+        elif len(self._touched) + len(self._touched_below) > PRUNE_AT:
+            oldest = min(self._asked)  # changes before it concern no request still out
+            for touched in (self._touched, self._touched_below):
+                for path in [p for p, number in touched.items() if number < oldest]:
+                    del touched[path]
 
     def _touch(self, path: str, *, below: bool = False) -> None:
-        if self._asking:
+        if self._asked:
             (self._touched_below if below else self._touched)[path] = self._sequence
             self._sequence += 1
 

@@ -213,7 +213,7 @@ class Namespace:
             # ancestor, the root included, and the kernel drop its copies).
             self.cache.put_answer(path, found, asked)
         finally:
-            self.cache.answered()  # (after put_answer: it forgets what changed meanwhile)
+            self.cache.answered(asked)  # (after put_answer: it forgets what changed meanwhile)
         return found
 
     async def _lookup(self, path: str) -> Found | None:
@@ -283,7 +283,7 @@ class Namespace:
             return self._listed(path, prefix, listing, max_results, asked)
         finally:
             if cache is not None:
-                cache.answered()  # (after the answers are stored, see `put_answer`)
+                cache.answered(asked)  # (after the answers are stored, see `put_answer`)
 
     def _listed(
         self, path: str, prefix: str, listing: Listing, max_results: int | None, asked: int
