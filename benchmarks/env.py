@@ -43,7 +43,7 @@ from types import FrameType
 from benchmarks.data import MiB, Pool, crc32c_b64
 from benchmarks.direct import Direct
 from benchmarks.shaping import DEFAULT_DELAY_S, DEFAULT_RATE_BYTES_S, ShapingProxy
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 
 DATA_BUCKET = "bench-data"
 META_BUCKET = "bench-meta"

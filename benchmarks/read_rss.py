@@ -27,8 +27,8 @@ from pathlib import Path
 
 from benchmarks.systems import CHECKPOINT_OPTIONS, TIERFS, vm_hwm_kib
 from mount_options import load, parse_flags
-from tierfs.daemon import daemon_pids
-from tierfs.emulator import Emulator
+from tierfs.cli.daemon import daemon_pids
+from tierfs.cli.emulator import Emulator
 
 GiB = 1 << 30
 FIXED_MIB = 64  # interpreter, tables: the README's fixed part

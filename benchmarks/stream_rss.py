@@ -4,7 +4,7 @@ streaming writes.
 Mounts an emulator bucket with default options (streaming on) and the given
 ``write:block-size-mb``, writes one N MiB file in 1 MiB writes, and prints the
 daemon's peak RSS (VmHWM) and the rate. The bound under test: peak RSS stays near
-3 x block size + a fixed overhead whatever N is (see tierfs/streaming.py).
+3 x block size + a fixed overhead whatever N is (see tierfs/core/streaming.py).
 
 Not part of ``make bench``, and 1 GiB by default: fake-gcs-server copies the whole
 object at every resumable-upload chunk it receives (O(n^2) in chunks: 28 MB/s for
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.read_rss import mounted
 from benchmarks.systems import vm_hwm_kib
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 
 
 def main(argv: list[str] | None = None) -> int:

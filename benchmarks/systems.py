@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from benchmarks.env import Env
-from tierfs.daemon import daemon_pids
+from tierfs.cli.daemon import daemon_pids
 
 TIERFS = str(Path(sys.executable).parent / "tierfs")
 CHECKPOINT_OPTIONS = (

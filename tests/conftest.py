@@ -1,6 +1,6 @@
 """Shared pytest fixtures.
 
-GCS: one fake-gcs-server (see ``tierfs.emulator``) serves the whole session; every test
+GCS: one fake-gcs-server (see ``tierfs.cli.emulator``) serves the whole session; every test
 that asks for ``bucket_name`` gets a fresh, uniquely named bucket on it, so tests never see
 each other's objects.  Clients use the explicit endpoint, not ``STORAGE_EMULATOR_HOST``.
 """
@@ -18,7 +18,7 @@ from hypothesis import settings
 
 from tests.faults import fault_proxy  # noqa: F401  (a fixture, for the fault tests)
 from tests.mounting import Mount
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 
 MountFactory = Callable[..., Mount]
 
@@ -97,7 +97,7 @@ def mount(mount_factory: MountFactory) -> Mount:
 # fake-gcs-server, no mount), ``-m mount`` (real FUSE mounts). `make test` runs them all.
 MOUNT_FIXTURES = {"mount", "mount_factory", "mountpoint_dir"}
 EMULATOR_FIXTURES = {"emulator", "gcs_client", "bucket_name", "fault_proxy"}
-CORE_MODULES = ("tierfs.filesystem", "tierfs.storage.memory")
+CORE_MODULES = ("tierfs.core.filesystem", "tierfs.storage.memory")
 MOUNTING_MODULES = {"test_fstab.py"}  # its emulator tests mount through mount(8)
 
 

@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import pytest
 
 from benchmarks.shaping import Action, ShapingProxy
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 
 __all__ = ["Action", "FaultProxy", "Faults", "Rule"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.daemon import daemon_pids
-from tierfs.emulator import Emulator
+from tierfs.cli.daemon import daemon_pids
+from tierfs.cli.emulator import Emulator
 
 BIN = Path(sys.executable).parent
 TIERFS = str(BIN / "tierfs")

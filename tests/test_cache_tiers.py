@@ -20,7 +20,6 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfs.blocks import BlockReader, Blocks, spawner
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
@@ -34,8 +33,10 @@ from tierfs.cache.ssd_format import (
     _header,
     capacity_for,
 )
-from tierfs.filesystem import Filesystem, Settings
-from tierfs.inodes import ROOT_INO
+from tierfs.core.background import Background
+from tierfs.core.blocks import BlockReader, Blocks
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
 
 BUCKET = "bkt"
@@ -955,7 +956,7 @@ async def test_parallel_downloads_off_reads_one_stream(
             "obj",
             info.generation,
             len(data),
-            spawn=spawner(nursery),
+            spawn=Background(nursery).spawn,
             max_ahead_bytes=16 * block,
             fill=True,
         )
@@ -989,22 +990,22 @@ async def test_unmount_waits_for_the_ssd_copy_of_an_upload(tmp_path: Path) -> No
     data = os.urandom(3 * BLOCK + 5)
     finished = trio.Event()
     async with trio.open_nursery() as nursery:
-        fs.spawn = spawner(nursery)
-        handle, _ = await fs.create(ROOT_INO, "ckpt", os.O_WRONLY)
-        await fs.write(handle.fh, 0, data)
-        await fs.release(handle.fh)  # uploaded; its copy waits at the gate
-        assert bucket.get("ckpt") == data
+        with fs.background.attached(nursery):
+            handle, _ = await fs.create(ROOT_INO, "ckpt", os.O_WRONLY)
+            await fs.write(handle.fh, 0, data)
+            await fs.release(handle.fh)  # uploaded; its copy waits at the gate
+            assert bucket.get("ckpt") == data
 
-        async def unmount() -> None:
-            await fs.finish()
-            finished.set()
+            async def unmount() -> None:
+                await fs.finish()
+                finished.set()
 
-        nursery.start_soon(unmount)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not finished.is_set()  # waiting for the copy
-        gate.set()
-        await finished.wait()
-        nursery.cancel_scope.cancel()
+            nursery.start_soon(unmount)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not finished.is_set()  # waiting for the copy
+            gate.set()
+            await finished.wait()
+            nursery.cancel_scope.cancel()
     fs.close()
     generation = (await bucket.stat("ckpt")).generation
     assert all(ssd.holds(BlockKey("ckpt", generation, i)) for i in range(4))
@@ -1019,8 +1020,8 @@ def test_a_background_task_that_fails_never_ends_the_nursery(
     """The mount's nursery runs every background task; one that raises (an exception
     group included, as a task with a nursery of its own raises) is logged at ERROR with
     its traceback and counted, and the nursery and its other tasks go on."""
-    caplog.set_level(logging.ERROR, "tierfs.blocks")
-    failures: list[BaseException] = []
+    caplog.set_level(logging.ERROR, "tierfs.fs")
+    background = Background()
     finished: list[str] = []
 
     async def broken() -> None:
@@ -1036,14 +1037,15 @@ def test_a_background_task_that_fails_never_ends_the_nursery(
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            spawn = spawner(nursery, failures.append)
-            spawn(broken)
-            spawn(broken_group)
-            spawn(steady)
+            with background.attached(nursery):
+                background.spawn(broken)
+                background.spawn(broken_group)
+                background.spawn(steady)
+        assert not background.running
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert finished == ["steady"]
-    assert len(failures) == 2
+    assert background.errors == 2
     messages = [r.getMessage() for r in caplog.records]
     assert all("nobody expected this" in m for m in messages) and len(messages) == 2
     assert all(r.exc_info is not None for r in caplog.records)

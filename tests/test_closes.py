@@ -1,4 +1,4 @@
-"""Telling a file's last close() from a forked child's or a dup's FLUSH (tierfs.closes),
+"""Telling a file's last close() from a forked child's or a dup's FLUSH (tierfs.fuse.closes),
 on real processes and descriptors of this test (no mount needed: /proc is the same)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-from tierfs.closes import Closes, descriptors_on, mount_id, thread_group
+from tierfs.fuse.closes import Closes, descriptors_on, mount_id, thread_group
 
 
 def test_a_thread_belongs_to_its_process_and_a_gone_pid_to_none() -> None:

@@ -16,7 +16,7 @@ import requests
 from google.api_core.exceptions import PreconditionFailed
 from google.cloud import storage
 
-from tierfs.emulator import Emulator, EmulatorError, find_binary
+from tierfs.cli.emulator import Emulator, EmulatorError, find_binary
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -359,7 +359,7 @@ def test_stop_when_process_already_died() -> None:
 
 def test_forgotten_emulator_is_stopped_at_interpreter_exit() -> None:
     code = """
-        from tierfs.emulator import Emulator
+        from tierfs.cli.emulator import Emulator
         print(Emulator().start().pid)  # never stopped
     """
     out = subprocess.run(_python(code), capture_output=True, text=True, timeout=30, check=True)
@@ -370,7 +370,7 @@ def test_forgotten_emulator_is_stopped_at_interpreter_exit() -> None:
 def test_emulator_dies_when_python_is_killed() -> None:
     code = """
         import time
-        from tierfs.emulator import Emulator
+        from tierfs.cli.emulator import Emulator
         print(Emulator().start().pid, flush=True)
         time.sleep(60)
     """
@@ -414,8 +414,8 @@ def test_start_twice_is_refused(emulator: Emulator) -> None:
 def test_the_helper_refuses_a_bucket_name_that_tierfs_mount_would_refuse(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``python -m tierfs.emulator --bucket b`` made a bucket no mount could name."""
-    from tierfs.emulator import main
+    """``python -m tierfs.cli.emulator --bucket b`` made a bucket no mount could name."""
+    from tierfs.cli.emulator import main
 
     assert main(["--bucket", "b"]) == 2
     err = capsys.readouterr().err.strip()

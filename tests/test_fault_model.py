@@ -30,7 +30,7 @@ from google.cloud import storage
 from tests.conftest import MountFactory
 from tests.faults import Action, FaultProxy, Faults, Rule
 from tests.test_model import Model  # the same reference model as the core's
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 
 pytestmark = pytest.mark.mount
 

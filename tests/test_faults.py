@@ -24,7 +24,7 @@ import mount_options
 from tests.conftest import MountFactory
 from tests.faults import MEDIA, UPLOADS, Action, FaultProxy, Faults, Rule
 from tests.mounting import stats
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 from tierfs.settings import retry as retry_settings
 
 pytestmark = pytest.mark.mount

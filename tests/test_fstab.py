@@ -28,9 +28,9 @@ from tests.test_mount_lifecycle import (
     tierfs,
     wait_until,
 )
-from tierfs import install
-from tierfs.daemon import daemon_pids
-from tierfs.emulator import Emulator
+from tierfs.cli import install
+from tierfs.cli.daemon import daemon_pids
+from tierfs.cli.emulator import Emulator
 
 MOUNT_HELPER = str(BIN / "mount.tierfs")
 

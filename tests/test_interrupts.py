@@ -1,4 +1,4 @@
-"""FUSE INTERRUPT handling (tierfs.interrupts) without a mount: which interrupts cancel."""
+"""FUSE INTERRUPT handling (tierfs.fuse.interrupts) without a mount: which interrupts cancel."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs.interrupts import Interrupts, dying
+from tierfs.fuse.interrupts import Interrupts, dying
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfs.logs import rotating_file
+from tierfs.cli.logs import rotating_file
 
 
 def fill(handler: logging.Handler, lines: int) -> None:

@@ -1,4 +1,4 @@
-"""The daemon's allocator settings (tierfs.memory): they must take on glibc."""
+"""The daemon's allocator settings (tierfs.cli.memory): they must take on glibc."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from tierfs.memory import MMAP_THRESHOLD_MAX, mmap_threshold, tune_allocator
+from tierfs.cli.memory import MMAP_THRESHOLD_MAX, mmap_threshold, tune_allocator
 
 
 def test_threshold_sits_just_above_a_block_and_below_glibcs_limit() -> None:

@@ -10,11 +10,12 @@ import pytest
 import trio
 import trio.testing
 
+from tierfs.core.background import Background
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO, Inode
+from tierfs.core.metacache import PRUNE_AT, MetadataCache
+from tierfs.core.namespace import MISSING, Found
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
-from tierfs.filesystem import Filesystem, Settings
-from tierfs.inodes import ROOT_INO, Inode
-from tierfs.metacache import PRUNE_AT, MetadataCache
-from tierfs.namespace import MISSING, Found
 from tierfs.storage import ObjectInfo
 from tierfs.storage.memory import MemoryBucket
 
@@ -223,7 +224,7 @@ async def test_metadata_prefetch_lists_a_directory_once_per_ttl(tmp_path: Path) 
             bucket,
             Settings(temp_dir=str(tmp_path), metadata_prefetch_entries=10),
             monotonic_s=clock,
-            spawn=nursery.start_soon,
+            background=Background(nursery),
         )
         d = await fs.lookup(ROOT_INO, "d")
         await fs.lookup(d.ino, "f0")  # first lookup in d: lists d in the background
@@ -249,7 +250,7 @@ async def test_lookups_during_a_prefetch_wait_for_it_instead_of_asking_gcs(
     for i in range(20):
         bucket.put(f"d/f{i}", b"x")
     async with trio.open_nursery() as nursery:
-        fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)), spawn=nursery.start_soon)
+        fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)), background=Background(nursery))
         d = await fs.lookup(ROOT_INO, "d")
         before = requests(bucket)
         async with trio.open_nursery() as lookups:

@@ -25,9 +25,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO, Kind
 from tierfs.errors import TierfsError, errno_of
-from tierfs.filesystem import Filesystem, Settings
-from tierfs.inodes import ROOT_INO, Kind
 from tierfs.storage.memory import MemoryBucket
 
 NAMES = ["a", "b", "c"]

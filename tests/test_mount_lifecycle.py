@@ -27,9 +27,9 @@ from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import TIERFS, Mount, require_fuse
-from tierfs import mountpoint
-from tierfs.daemon import daemon_pids
-from tierfs.emulator import Emulator
+from tierfs.cli import mountpoint
+from tierfs.cli.daemon import daemon_pids
+from tierfs.cli.emulator import Emulator
 
 RUN_TIMEOUT_S = 60
 READY_TIMEOUT_S = 30

@@ -15,7 +15,7 @@ from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import TIERFS, Mount, stats
-from tierfs.operations import KERNEL_LIST_CACHE, kernel_drops_listings
+from tierfs.fuse.operations import KERNEL_LIST_CACHE, kernel_drops_listings
 
 
 @pytest.fixture

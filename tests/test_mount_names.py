@@ -31,7 +31,7 @@ import pytest
 from google.cloud import storage
 
 from tests.mounting import Mount, stats
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 
 MountFactory = Callable[..., Mount]
 

@@ -30,8 +30,8 @@ import pytest
 from google.cloud import storage
 
 from tests.mounting import Mount
-from tierfs import mountpoint
-from tierfs.emulator import Emulator
+from tierfs.cli import mountpoint
+from tierfs.cli.emulator import Emulator
 
 MountFactory = Callable[..., Mount]
 

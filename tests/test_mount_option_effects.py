@@ -1,9 +1,12 @@
 """Options that change how tierfs talks to GCS, through real mounts on the emulator:
 ``max-conns-per-host`` caps requests in flight, ``limit-ops-per-sec`` makes requests
-wait their turn, an option accepted without effect is named in one WARNING."""
+wait their turn, ``limit-bytes-per-sec`` makes reads wait, ``type-cache-max-size-mb``
+bounds the directories kept, ``log-rotate:compress`` gzips a rotated log, and an option
+accepted without effect is named in one WARNING."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -120,3 +123,58 @@ def test_prometheus_port_serves_the_counters_and_they_move(
     assert after["tierfs_gcs_bytes_written_total"] >= 3 << 20
     assert after['tierfs_tier_bytes_written_total{tier="ram"}'] >= 2 << 20  # the read filled it
     assert after["gcs_request_count_total"] > before["gcs_request_count_total"]
+
+
+def test_limit_bytes_per_sec_makes_reads_wait(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """A 3 MiB read under a 1 MiB/s limit (a burst of one second's worth) waits for its
+    tokens: counted as throttled; the bytes are whole."""
+    data = os.urandom(3 << 20)
+    gcs_client.bucket(bucket_name).blob("big").upload_from_string(data)
+    mount = mount_factory(f"--limit-bytes-per-sec={1 << 20}")
+    assert (mount.path / "big").read_bytes() == data
+    gcs = stats(mount)["gcs"]
+    assert gcs["throttled"] > 0 and gcs["throttled_ms"] > 0, gcs
+
+
+@pytest.mark.parametrize(("type_cache_mb", "asks_again"), [(0, True), (None, False)])
+def test_type_cache_max_size_mb_bounds_the_directories_kept(
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    type_cache_mb: int | None,
+    asks_again: bool,
+) -> None:
+    """Directories are kept in the type cache: with it at 0 MiB every lookup of a
+    directory asks GCS again; at the default (4 MiB) the second and third do not. (The
+    kernel's own entries are dropped between lookups, so each reaches tierfs.)"""
+    gcs_client.bucket(bucket_name).blob("d/").upload_from_string(b"")
+    args = [] if type_cache_mb is None else [f"--type-cache-max-size-mb={type_cache_mb}"]
+    mount = mount_factory(*args, "--metadata-cache-negative-ttl-secs=0")
+    assert (mount.path / "d").is_dir()
+    before = stats(mount)["gcs"]["requests"]
+    for _ in range(2):
+        Path("/proc/sys/vm/drop_caches").write_text("2")  # the kernel forgets "d"
+        assert (mount.path / "d").is_dir()
+    asked = stats(mount)["gcs"]["requests"] - before
+    assert (asked > 0) == asks_again, asked
+    entries = stats(mount)["metadata_cache"]["type_entries"]
+    assert (entries == 0) == asks_again, entries
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_log_rotate_compress_gzips_the_rotated_file(
+    mount_factory: MountFactory, tmp_path: Path, compress: bool
+) -> None:
+    """The daemon's log file is already at the size limit (1 MiB): its first line
+    rotates it to ``LOG.1.gz`` (gzipped, the default) or ``LOG.1``, the old lines kept."""
+    log = tmp_path / "mnt.log"
+    old = "an earlier daemon's line\n" * ((1 << 20) // 25 + 1)
+    log.write_text(old)
+    mount_factory("--log-rotate-max-file-size-mb=1", f"--log-rotate-compress={compress}")
+    rotated = tmp_path / ("mnt.log.1.gz" if compress else "mnt.log.1")
+    assert rotated.exists(), sorted(p.name for p in tmp_path.iterdir())
+    raw = rotated.read_bytes()
+    assert (gzip.decompress(raw) if compress else raw).decode() == old
+    assert "mounted gs://" in log.read_text()

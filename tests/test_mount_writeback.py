@@ -18,8 +18,8 @@ from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import TIERFS, Mount, stats
-from tierfs.emulator import Emulator
-from tierfs.writeback import Journal
+from tierfs.cli.emulator import Emulator
+from tierfs.core.writeback import Journal
 
 MiB = 1 << 20
 HOLD = "--write-back-delay-secs=3600"  # keep uploads from starting until we say so

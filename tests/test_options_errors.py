@@ -4,7 +4,7 @@ The console scripts ``tierfs`` and ``mount.tierfs`` of this virtualenv run as su
 the main cases, the help and the dry-run JSON, so entry points, argument handling and error
 printing are exercised as a user meets them. Interpreter start-up dominates that cost, so the
 module fixture starts all those runs at once (with a private bytecode cache). The whole error
-table also runs in-process through the same entry functions (``tierfs.cli.main`` and
+table also runs in-process through the same entry functions (``tierfs.cli.main.main`` and
 ``mount_helper_main``), which is cheap, and the subprocess runs must match it.
 """
 
@@ -26,7 +26,7 @@ from unittest import mock
 import pytest
 
 from mount_options import SCHEMA, SOURCES
-from tierfs import cli as tierfs_cli
+from tierfs.cli import main as tierfs_cli
 
 BIN = Path(sys.executable).parent
 TIERFS = str(BIN / "tierfs")
@@ -691,7 +691,7 @@ def test_an_internal_error_is_one_line_for_the_user_and_a_traceback_in_the_daemo
 ) -> None:
     """The last line of defence: the user reads one line; a daemon (its log set up) also
     logs the traceback at ERROR, so a background mount that dies says why in its log."""
-    from tierfs import cli
+    from tierfs.cli import main as cli
 
     def broken(argv: list[str]) -> int:
         raise RuntimeError("a bug")

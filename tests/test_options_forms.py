@@ -33,7 +33,7 @@ from mount_options import (
     parse_volume,
 )
 from mount_options.target import parse_target
-from tierfs.cli import MOUNT_EXTRAS, UsageError, effective_config
+from tierfs.cli.main import MOUNT_EXTRAS, UsageError, effective_config
 
 MO = MOUNT_OPTION
 FUSE = "file-system:fuse-options"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfs.owned import OwnedDirs
+from tierfs.core.owned import OwnedDirs
 
 NAMES = ("a", "b", "c")
 

@@ -23,7 +23,7 @@ from mount_options.kinds import PATH
 from mount_options.schema import SCHEMA
 from tests.conftest import MountFactory
 from tests.mounting import BIN, require_fuse, stats
-from tierfs.cli import MOUNT_EXTRAS, effective_config
+from tierfs.cli.main import MOUNT_EXTRAS, effective_config
 
 TIERFS = str(BIN / "tierfs")
 MOUNT_HELPER = str(BIN / "mount.tierfs")

@@ -28,7 +28,7 @@ import pytest
 import trio
 from google.cloud import storage
 
-from tierfs.emulator import Emulator
+from tierfs.cli.emulator import Emulator
 from tierfs.errors import (
     AccessDenied,
     BackendError,

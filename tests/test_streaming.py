@@ -13,9 +13,10 @@ import trio
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tierfs.control import request
-from tierfs.filesystem import Filesystem, Settings
-from tierfs.inodes import ROOT_INO
+from tierfs.cli.control import request
+from tierfs.core.background import Background
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
 
 MiB = 1 << 20
@@ -26,7 +27,7 @@ async def streaming_fs(tmp_path: Path) -> AsyncIterator[tuple[Filesystem, Memory
     bucket = MemoryBucket("s")
     fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path), max_streams=2, stream_chunk_bytes=MiB))
     async with trio.open_nursery() as nursery:
-        fs.spawn = nursery.start_soon
+        fs.background = Background(nursery)
         yield fs, bucket
         nursery.cancel_scope.cancel()
     fs.close()

@@ -1,4 +1,4 @@
-"""The slow-request watch (tierfs.watchdog) on trio's mock clock: no real waiting."""
+"""The slow-request watch (tierfs.fuse.watchdog) on trio's mock clock: no real waiting."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs.watchdog import InFlight
+from tierfs.fuse.watchdog import InFlight
 
 
 def named(op: str, args: tuple[object, ...]) -> str:

@@ -14,13 +14,14 @@ import pytest
 import trio
 import trio.testing
 
-from tierfs import writeback
+from tierfs.core import writeback
+from tierfs.core.background import Background
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO
+from tierfs.core.uploader import MAX_YIELD_S, QUIET_S, Uploader
+from tierfs.core.writeback import RECORD_XATTR, SPARE_FILES, Journal, Record
 from tierfs.errors import BackendError, NotFound
-from tierfs.filesystem import Filesystem, Settings
-from tierfs.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket
-from tierfs.uploader import MAX_YIELD_S, QUIET_S, Uploader
-from tierfs.writeback import RECORD_XATTR, SPARE_FILES, Journal, Record
 
 pytestmark = pytest.mark.trio
 
@@ -80,7 +81,7 @@ async def nursery() -> AsyncIterator[trio.Nursery]:
 def live_fs(make_fs: Callable[[], Filesystem], nursery: trio.Nursery) -> Filesystem:
     """A write-back core with a background nursery (uploads, retries)."""
     fs = make_fs()
-    fs.spawn = nursery.start_soon
+    fs.background = Background(nursery)
     return fs
 
 
@@ -766,7 +767,7 @@ async def test_rmdir_does_not_count_deletes_that_finish_while_it_lists(
     fs = Filesystem(
         bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
     )
-    fs.spawn = nursery.start_soon
+    fs.background = Background(nursery)
     t = await fs.lookup(ROOT_INO, "t")
     for name in ("a", "b"):
         await fs.lookup(t.ino, name)
@@ -788,7 +789,7 @@ async def test_pending_deletes_answer_as_a_scan_of_them_would(seed: int) -> None
     scan over what is pending, after random adds and finishes."""
     import random
 
-    from tierfs.deletes import Delete, PendingDeletes
+    from tierfs.core.deletes import Delete, PendingDeletes
 
     rng = random.Random(seed)
     pending = PendingDeletes()

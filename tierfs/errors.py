@@ -77,7 +77,7 @@ class InvalidName(TierfsError):
 
 class Busy(TierfsError):
     """An open that would conflict with opens the kernel serves from the cache file
-    (FUSE passthrough, see `tierfs.passthrough`)."""
+    (FUSE passthrough, see `tierfs.core.passthrough`)."""
 
     errno = errno.EBUSY
 

@@ -2,7 +2,7 @@
 
 Nothing is counted twice: the file system already keeps its counters (GCS requests
 and bytes, per-tier hits and bytes, metadata cache, write-back, and per-operation
-counts and latencies in `tierfs.watchdog.InFlight`). A scrape asks the trio thread for
+counts and latencies in `tierfs.fuse.watchdog.InFlight`). A scrape asks the trio thread for
 one snapshot of them (``trio.from_thread``, so no counter is read while it changes)
 and renders it; the core never imports prometheus-client.
 
@@ -33,7 +33,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from tierfs.watchdog import LATENCY_BOUNDS_S, OpLatency
+from tierfs.fuse.watchdog import LATENCY_BOUNDS_S, OpLatency
 
 log = logging.getLogger("tierfs.metrics")
 

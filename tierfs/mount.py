@@ -28,24 +28,26 @@ import trio
 
 from mount_options import Config
 from tierfs import settings
-from tierfs.blocks import Blocks, spawner
 from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
-from tierfs.control import Handler, serve_control
+from tierfs.cli.control import Handler, serve_control
+from tierfs.cli.mountpoint import MountError, check_before_mount, set_read_ahead
+from tierfs.core.background import Background
+from tierfs.core.blocks import Blocks
+from tierfs.core.filesystem import Filesystem
+from tierfs.core.writeback import Journal
 from tierfs.errors import TierfsError, root_cause
-from tierfs.filesystem import Filesystem
+from tierfs.fuse.kernel import PyfuseKernel
+from tierfs.fuse.operations import Operations
 from tierfs.metrics import MetricsServer
-from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
-from tierfs.operations import Operations
 from tierfs.storage import Bucket
 from tierfs.storage.gcs import GcsBucket
-from tierfs.writeback import Journal
 
 log = logging.getLogger("tierfs.mount")
 # Background uploads at a time with write-back on (per mount): a small file's upload is
 # one request of a few ms, so a save of thousands waits on request latency, not bytes;
-# large files are held to fewer (tierfs.filesystem.LARGE_UPLOADS).
+# large files are held to fewer (tierfs.core.filesystem.LARGE_UPLOADS).
 WRITEBACK_UPLOADS = 16
 
 
@@ -187,13 +189,19 @@ async def _serve_mounted(
                 len(recovered.already_there),
                 len(recovered.conflicts),
             )
-    fs = Filesystem(bucket, core, blocks=blocks_for(config, bucket, chain), journal=journal)
-    operations = Operations(fs, mountpoint)
+    background, kernel = Background(), PyfuseKernel()
+    blocks = blocks_for(config, bucket, chain)
+    fs = Filesystem(
+        bucket, core, blocks=blocks, journal=journal, background=background, kernel=kernel
+    )
+    operations = Operations(fs, mountpoint, kernel)
     metrics: MetricsServer | None = None
     port, host = settings.metrics(config)
     if port:
         try:
-            metrics = MetricsServer(port, host, lambda: (fs.statistics(), fs.inflight.latencies()))
+            metrics = MetricsServer(
+                port, host, lambda: (operations.statistics(), operations.inflight.latencies())
+            )
         except OSError as err:
             ready(f"cannot serve Prometheus metrics on port {port}: {err.strerror or err}")
             return
@@ -209,22 +217,21 @@ async def _serve_mounted(
     finished = False
     try:
         async with trio.open_nursery() as nursery:
-            fs.spawn = spawner(nursery, fs.background_failed)
-            nursery.start_soon(_on_signals, fs, signalled)
-            nursery.start_soon(serve_control, mountpoint, _control_handlers(fs))
-            nursery.start_soon(fs.inflight.run)
-            if journal is not None:
-                nursery.start_soon(fs.run_uploads, WRITEBACK_UPLOADS)
-            read_ahead = (config["read-ahead-kb"], "read-ahead-kb" in config.assigned)
-            nursery.start_soon(_announce, mountpoint, read_ahead, ready, signalled)
-            await pyfuse3.main()
-            with trio.CancelScope(shield=True):
-                await fs.finish()  # with the background tasks still running
-                finished = True
-            nursery.cancel_scope.cancel()
+            with background.attached(nursery):
+                nursery.start_soon(_on_signals, fs, signalled)
+                nursery.start_soon(serve_control, mountpoint, _control_handlers(fs, operations))
+                nursery.start_soon(operations.inflight.run)
+                if journal is not None:
+                    nursery.start_soon(fs.run_uploads, WRITEBACK_UPLOADS)
+                read_ahead = (config["read-ahead-kb"], "read-ahead-kb" in config.assigned)
+                nursery.start_soon(_announce, mountpoint, read_ahead, ready, signalled)
+                await pyfuse3.main()
+                with trio.CancelScope(shield=True):
+                    await fs.finish()  # with the background tasks still running
+                    finished = True
+                nursery.cancel_scope.cancel()
     finally:
         if not finished:  # the loop failed: upload what is still dirty without the nursery
-            fs.spawn = None
             with trio.CancelScope(shield=True):
                 await fs.finish()
         if metrics is not None:
@@ -236,9 +243,9 @@ async def _serve_mounted(
         log.info("unmounted %s", mountpoint)
 
 
-def _control_handlers(fs: Filesystem) -> dict[str, Handler]:
+def _control_handlers(fs: Filesystem, operations: Operations) -> dict[str, Handler]:
     async def stats(args: dict[str, Any]) -> dict[str, Any]:
-        return fs.statistics()
+        return operations.statistics()
 
     async def sync(args: dict[str, Any]) -> dict[str, Any]:
         """``tierfs sync [PATH]``: everything written so far (at or below ``path``, relative

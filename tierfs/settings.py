@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from mount_options import Config
 from mount_options.derive import file_cache_enabled
 from tierfs.cache.ssd_format import AUTO
-from tierfs.filesystem import NEVER_S, Settings
+from tierfs.core.filesystem import NEVER_S, Settings
 from tierfs.storage.gcs import RetrySettings
 from tierfs.storage.ratelimit import Throttle
 from tierfs.storage.stall import ReadStallSettings

@@ -10,7 +10,7 @@ builds its own ``Blob``; the only shared state threads touch is the statistics c
 behind a lock.  Cancelling a trio task waits for its request to finish (the HTTP timeout
 bounds that), so no thread outlives the call that started it; only requests that change
 nothing (reads, stats, lists) may be abandoned to finish alone, when a killed caller's
-FUSE request is interrupted (`tierfs.interrupts`).
+FUSE request is interrupted (`tierfs.fuse.interrupts`).
 
 Retries.  gcsfuse's ``gcs-retries`` options (max attempts, backoff cap, multiplier) are
 mapped onto the library's own machinery, ``google.api_core.retry.Retry``, which wraps

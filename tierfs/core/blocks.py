@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from cachetools import LRUCache
 
 from tierfs.cache import BlockKey, Tier
 from tierfs.cache.ssd import Passthrough
+from tierfs.core.background import Spawn
 from tierfs.errors import NotFound, root_cause
 from tierfs.storage import Bucket
 
@@ -45,7 +46,6 @@ log = logging.getLogger("tierfs.blocks")
 
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
 
-Spawn = Callable[..., None]  # start a background task: spawn(async_fn, *args)
 
 
 @dataclass
@@ -420,26 +420,3 @@ class BlockReader:
 
     def close(self) -> None:
         self._last = None
-
-
-def spawner(nursery: trio.Nursery, failed: Callable[[BaseException], None] | None = None) -> Spawn:
-    """``spawn(fn, *args)``: run ``fn(*args)`` in ``nursery``, the mount's own. A task that
-    raises (exception groups included) is logged at ERROR with its traceback and handed to
-    ``failed`` (counted in tierfs stats); it never reaches the nursery, which would end
-    the daemon and the mount with it. Tasks handle their own expected failures; this is
-    the net under the ones nobody expected."""
-
-    def spawn(fn: Callable[..., Awaitable[object]], *args: object) -> None:
-        name = getattr(fn, "__qualname__", repr(fn))
-
-        async def guarded() -> None:
-            try:
-                await fn(*args)
-            except Exception as err:
-                log.error("background task %s failed: %s", name, root_cause(err), exc_info=err)
-                if failed is not None:
-                    failed(err)
-
-        nursery.start_soon(guarded, name=name)
-
-    return spawn

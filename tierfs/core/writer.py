@@ -16,7 +16,7 @@ the writer with their own errno.
 ``version`` counts writes, so an upload that raced with a write knows the
 file is still dirty afterwards.
 
-With write-back on (`tierfs.writeback`), the staged file is a named file in the
+With write-back on (`tierfs.core.writeback`), the staged file is a named file in the
 journal directory instead (``record_id`` names it), so that a commit can make it
 durable where the next mount finds it; ``committed_version`` is the version the
 journal's record stands for.
@@ -34,8 +34,8 @@ from collections.abc import Mapping
 
 import trio
 
+from tierfs.core.writeback import Journal
 from tierfs.storage import Bucket, ObjectInfo
-from tierfs.writeback import Journal
 
 COPY_CHUNK_BYTES = 8 << 20
 # Less free space than this after a direct (passthrough) write: a write probably failed.

@@ -36,30 +36,15 @@ above err on the side of an ordinary open, or of EBUSY in that short window.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
-from tierfs.blocks import Blocks
 from tierfs.cache.ssd import Passthrough
+from tierfs.core.blocks import Blocks
+from tierfs.core.inodes import Inode
+from tierfs.core.kernel import Kernel
 from tierfs.errors import Busy
-from tierfs.inodes import Inode
 
 log = logging.getLogger("tierfs.fuse")
-
-
-class BackingFiles(Protocol):
-    """The kernel's table of backing files (pyfuse3's two ioctls, or a fake in tests)."""
-
-    def open(self, path: Path | int) -> int:
-        """Register the file at ``path``, or the open file ``path`` is a descriptor of; its
-        id. Raises OSError."""
-        ...
-
-    def close(self, backing_id: int) -> None:
-        """Release an id from `open`. Raises OSError."""
-        ...
 
 
 @dataclass
@@ -78,16 +63,20 @@ class Backings:
     """Which opens get passthrough, and the per-inode backing ids; one per mount."""
 
     blocks: Blocks
-    files: BackingFiles | None = None  # None: the kernel did not agree (or not root)
+    kernel: Kernel  # its backing-file table, where it agreed to passthrough at INIT
 
     def __post_init__(self) -> None:
+        self._refused = False  # the kernel refused a backing file: no passthrough from then on
         self._shared: dict[int, Shared] = {}  # ino -> its backing, while opens hold it
         self.counts = {"opens": 0, "write_opens": 0, "busy": 0, "failed": 0}
 
     def statistics(self) -> dict[str, object]:
         """For `tierfs stats`: opens given passthrough, refused (EBUSY), failed, and the
         files the kernel reads directly now."""
-        return {"enabled": self.files is not None, **self.counts, "files_open": len(self._shared)}
+        return {"enabled": self._enabled(), **self.counts, "files_open": len(self._shared)}
+
+    def _enabled(self) -> bool:
+        return self.kernel.passthrough and not self._refused
 
     async def open(self, inode: Inode, object_name: str, *, eligible: bool) -> int:
         """The backing id for a new open of ``inode`` (0: an ordinary open). ``eligible``:
@@ -101,7 +90,7 @@ class Backings:
                 return shared.backing_id
             self.counts["busy"] += 1
             raise Busy(f"{inode.path}: open for reading straight from the cache")
-        if not eligible or self.files is None or inode.open_handles or not inode.size:
+        if not eligible or not self._enabled() or inode.open_handles or not inode.size:
             return 0
         generation = inode.generation
         pinned = await self.blocks.passthrough(object_name, generation, inode.size)
@@ -116,12 +105,12 @@ class Backings:
             self.blocks.unpin(pinned)
             return await self.open(inode, object_name, eligible=eligible)
         try:
-            backing_id = self.files.open(pinned.path)
+            backing_id = self.kernel.backing_open(pinned.path)
         except OSError as exc:
             self.blocks.unpin(pinned)
             self.counts["failed"] += 1
             log.warning("passthrough refused (%s): reads go through tierfs from now on", exc)
-            self.files = None
+            self._refused = True
             return 0
         self._shared[inode.ino] = Shared(backing_id, pinned, generation)
         self.counts["opens"] += 1
@@ -132,14 +121,14 @@ class Backings:
         the kernel then writes (and reads) it with no daemon round trip (it opens the file
         anew with the writer's flags, so the descriptor's own mode does not matter). 0: no
         passthrough."""
-        if self.files is None or inode.ino in self._shared:
+        if not self._enabled() or inode.ino in self._shared:
             return 0
         try:
-            backing_id = self.files.open(fd)
+            backing_id = self.kernel.backing_open(fd)
         except OSError as exc:
             self.counts["failed"] += 1
             log.warning("passthrough refused (%s): writes go through tierfs from now on", exc)
-            self.files = None
+            self._refused = True
             return 0
         self._shared[inode.ino] = Shared(backing_id, None, inode.generation)
         self.counts["write_opens"] += 1
@@ -160,28 +149,7 @@ class Backings:
         del self._shared[inode.ino]
         if shared.pinned is not None:
             self.blocks.unpin(shared.pinned)
-        if self.files is not None:
-            try:
-                self.files.close(shared.backing_id)
-            except OSError as exc:
-                log.warning("cannot release backing file %d: %s", shared.backing_id, exc)
-
-
-class KernelBackingFiles:
-    """`BackingFiles` through pyfuse3 as tierfs builds it (``deploy/pyfuse3``)."""
-
-    def open(self, path: Path | int) -> int:
-        import pyfuse3
-
-        if isinstance(path, int):  # an open file: no second open (200 us on ext4 here)
-            return int(pyfuse3.backing_open(path))  # type: ignore[attr-defined]
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            return int(pyfuse3.backing_open(fd))  # type: ignore[attr-defined]
-        finally:
-            os.close(fd)
-
-    def close(self, backing_id: int) -> None:
-        import pyfuse3
-
-        pyfuse3.backing_close(backing_id)  # type: ignore[attr-defined]
+            self.kernel.backing_close(shared.backing_id)
+        except OSError as exc:
+            log.warning("cannot release backing file %d: %s", shared.backing_id, exc)

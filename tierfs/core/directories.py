@@ -2,21 +2,21 @@
 
 Listings merge what GCS lists with what this mount made and has not uploaded,
 and may be kept by the kernel (``kernel-list-cache-ttl-secs``). With write-back,
-mkdir is local (`tierfs.owned`: the placeholder goes up with the files) and
+mkdir is local (`tierfs.core.owned`: the placeholder goes up with the files) and
 names under a directory made here are answered without GCS.
 
-A mixin of `tierfs.filesystem.Filesystem`: it shares that class's state.
+A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tierfs.core.handles import DirHandle
+from tierfs.core.inodes import ROOT_INO, Inode, Kind
+from tierfs.core.namespace import DirListing, Found
+from tierfs.core.writer import Staged, parse_mtime
 from tierfs.errors import AlreadyExists, NotADirectory, NotEmpty, NotFound, PreconditionFailed
-from tierfs.handles import DirHandle
-from tierfs.inodes import ROOT_INO, Inode, Kind
-from tierfs.namespace import DirListing, Found
-from tierfs.writer import Staged, parse_mtime
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)

@@ -1,6 +1,6 @@
 """Statistics, ``tierfs sync``, and the end of a mount: what waits for what at unmount.
 
-A part of `tierfs.filesystem.Filesystem`, sharing its state.
+A part of `tierfs.core.filesystem.Filesystem`, sharing its state.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.inodes import Inode
-from tierfs.writepath import LARGE_UPLOAD_BYTES
+from tierfs.core.inodes import Inode
+from tierfs.core.writepath import LARGE_UPLOAD_BYTES
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)
@@ -40,15 +40,9 @@ class Lifecycle(_Base):
             "inodes": len(self.inodes),
             "open_files": len(self.files),
             "staging_errors": self.staging_errors,
-            "background_errors": self.background_errors,
+            "background_errors": self.background.errors,
             "write_requests": self.write_requests,
             "flushes_held": self.flushes_held,
-            "requests": {
-                "in_flight": len(self.inflight),
-                "interrupted": self.interrupts.cancelled,
-                "longest_wait_s": round(self.inflight.longest_wait_s(), 3),
-                "slow_warnings": self.inflight.warnings,
-            },
             "writeback": {
                 "enabled": self.journal is not None,
                 "pending": self.pending_uploads(),

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from cachetools import TLRUCache
 
-from tierfs.namespace import MISSING, Found
+from tierfs.core.namespace import MISSING, Found
 
 ENTRY_OVERHEAD_BYTES = 320  # dict slot, key, tuple, Found and ObjectInfo objects
 _Cache = TLRUCache[str, tuple[Found | None, int]]

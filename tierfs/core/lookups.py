@@ -2,7 +2,7 @@
 
 ``lookup`` and what answers it: the metadata prefetch of a directory on its first
 lookup, ``_resolve`` (inode table, then `Namespace`), and the inode of a file found in
-GCS. A part of `tierfs.filesystem.Filesystem`, sharing its state.
+GCS. A part of `tierfs.core.filesystem.Filesystem`, sharing its state.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from tierfs.core.inodes import ROOT_INO, Inode, Kind
+from tierfs.core.namespace import (
+    is_symlink,
+)
+from tierfs.core.writer import parse_mtime
 from tierfs.errors import (
     NotFound,
 )
-from tierfs.inodes import ROOT_INO, Inode, Kind
-from tierfs.namespace import (
-    is_symlink,
-)
 from tierfs.storage import ObjectInfo
-from tierfs.writer import parse_mtime
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)
@@ -54,7 +54,7 @@ class Lookups(_Base):
         background, so the stats of its siblings (``ls -l``, a data loader opening every
         file) come from the metadata cache instead of one or two requests each."""
         s = self.settings
-        if self.spawn is None or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
+        if not self.background.running or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
             return
         if dir_path in self._listing_in_flight:
             return
@@ -66,7 +66,7 @@ class Lookups(_Base):
             self._prefetched_dirs.clear()
         self._prefetched_dirs[dir_path] = now
         self._listing_in_flight[dir_path] = trio.Event()
-        self.spawn(self._list_in_background, dir_path)
+        self.background.spawn(self._list_in_background, dir_path)
 
     async def _list_in_background(self, dir_path: str) -> None:
         try:

@@ -19,8 +19,9 @@ import mount_options
 from mount_options import CommandLine, Config, OptionError
 from mount_options.docs import help_text
 from mount_options.target import parse_target
-from tierfs import __version__, daemon
-from tierfs.mountpoint import MountError
+from tierfs import __version__
+from tierfs.cli import daemon
+from tierfs.cli.mountpoint import MountError
 
 PROG = "tierfs"
 MOUNT_EXTRAS = {
@@ -113,15 +114,15 @@ def _main(argv: list[str]) -> int:
     if command == "sync":
         return _sync(rest)
     if command == "prefetch":
-        from tierfs.prefetch import prefetch
+        from tierfs.cli.prefetch import prefetch
 
         return prefetch(rest)
     if command == "demo":
-        from tierfs.demo import run_demo
+        from tierfs.cli.demo import run_demo
 
         return run_demo(rest)
-    if command == "install-helper":  # mount(8) helper in /sbin: see tierfs/install.py
-        from tierfs.install import main as install_helper_main
+    if command == "install-helper":  # mount(8) helper in /sbin: see tierfs/cli/install.py
+        from tierfs.cli.install import main as install_helper_main
 
         return install_helper_main(rest)
     raise UsageError(f"unknown command '{command}' (try '{PROG} --help')")
@@ -142,7 +143,7 @@ def _mount_helper(argv: list[str]) -> int:
 
 
 def _stats(argv: list[str]) -> int:
-    from tierfs.control import render_statistics, request_statistics
+    from tierfs.cli.control import render_statistics, request_statistics
 
     as_json = "--json" in argv
     args = [a for a in argv if a != "--json"]
@@ -162,8 +163,8 @@ def _stats(argv: list[str]) -> int:
 def _sync(argv: list[str]) -> int:
     """Exit 0 once every file closed (or written) at or below PATH (a tierfs mountpoint or a
     path inside one) is in GCS; else 1 and the first error, one line."""
-    from tierfs.control import request
-    from tierfs.prefetch import tierfs_mount_of
+    from tierfs.cli.control import request
+    from tierfs.cli.prefetch import tierfs_mount_of
 
     if len(argv) != 1 or argv[0].startswith("-"):
         raise UsageError("usage: tierfs sync PATH")
@@ -220,8 +221,8 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     """Serve the mount in this process; report readiness on ``ready_fd`` (the daemon's pipe)."""
     import trio
 
-    from tierfs import logs
-    from tierfs.memory import tune_allocator
+    from tierfs.cli import logs
+    from tierfs.cli.memory import tune_allocator
     from tierfs.mount import serve
 
     logs.setup(config, foreground=ready_fd is None)

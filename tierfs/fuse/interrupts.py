@@ -7,7 +7,7 @@ naming the request. The patched pyfuse3 (deploy/pyfuse3) tells each handler the
 id of its request and calls `Interrupts.interrupted` with the id an INTERRUPT
 names; here the request's work is cancelled and the kernel answered EINTR.
 
-Which requests: only those that change nothing (`tierfs.operations.ABANDONABLE`:
+Which requests: only those that change nothing (`tierfs.fuse.operations.ABANDONABLE`:
 lookups, attributes, listings, reads), so an answer in the middle leaves nothing
 half done. The others (writes, creates, renames, closes that upload...) run to
 their end, bounded by their GCS deadlines (docs/semantics.md).

@@ -14,8 +14,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tierfs.blocks import BlockReader
-from tierfs.inodes import Inode
+from tierfs.core.blocks import BlockReader
+from tierfs.core.inodes import Inode
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """setattr: sizes, modes, and times on files, directories and symlinks.
 
 Where a time can be kept it is (a file's ``gcsfuse_mtime``, a directory placeholder's,
-a symlink object's); a part of `tierfs.filesystem.Filesystem`, sharing its state.
+a symlink object's); a part of `tierfs.core.filesystem.Filesystem`, sharing its state.
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from tierfs.core.inodes import Inode, Kind
 from tierfs.errors import (
     IsADirectory,
 )
-from tierfs.inodes import Inode, Kind
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)
     from typing import Any as _Base
 
-    from tierfs.filesystem import Attr
+    from tierfs.core.filesystem import Attr
 else:
     _Base = object
 

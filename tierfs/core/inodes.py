@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from tierfs.streaming import Stream
-    from tierfs.writer import Staged
+    from tierfs.core.streaming import Stream
+    from tierfs.core.writer import Staged
 
 ROOT_INO = 1
 
@@ -65,7 +65,7 @@ class Inode:
     crc32c: str | None = None  # of the generation, as GCS reports it
     metadata: dict[str, str] = field(default_factory=dict)
     # A file whose directory was renamed while its object is still under the old name (a
-    # background move, tierfs.dirmove): the object it reads until the move is done.
+    # background move, tierfs.core.dirmove): the object it reads until the move is done.
     remote: str | None = None
     lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
     # The FUSE layer's last reply for this inode (its Attr and the kernel struct built from

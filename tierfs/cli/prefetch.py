@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from tierfs.mountpoint import MountError, mounts
+from tierfs.cli.mountpoint import MountError, mounts
 
 CHUNK_BYTES = 4 << 20
 WORKERS = 4

@@ -23,7 +23,7 @@ Usage::
 
 or, for people, in the foreground until Ctrl-C::
 
-    python -m tierfs.emulator --port 4443 --bucket demo
+    python -m tierfs.cli.emulator --port 4443 --bucket demo
 """
 
 from __future__ import annotations
@@ -442,9 +442,9 @@ class _PortTaken(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tierfs.emulator``: run an emulator in the foreground until SIGINT/SIGTERM."""
+    """``python -m tierfs.cli.emulator``: run an emulator in the foreground until SIGINT/SIGTERM."""
     parser = argparse.ArgumentParser(
-        prog="python -m tierfs.emulator",
+        prog="python -m tierfs.cli.emulator",
         description="Run fake-gcs-server on 127.0.0.1 in the foreground (Ctrl-C to stop).",
     )
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")

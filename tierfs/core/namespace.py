@@ -35,7 +35,7 @@ from tierfs.errors import InvalidName, NameTooLong, NotFound
 from tierfs.storage import Bucket, Listing, ObjectInfo, check_name
 
 if TYPE_CHECKING:
-    from tierfs.metacache import MetadataCache
+    from tierfs.core.metacache import MetadataCache
 
 log = logging.getLogger("tierfs.names")
 MISSING: Any = object()  # "not in the metadata cache" (None means "cached: nothing there")

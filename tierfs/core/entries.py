@@ -1,8 +1,8 @@
 """unlink, symlink and readlink; and times: a parent's mtime when an entry comes or goes,
 and the setters `setattr` uses for a file's, a directory's or a symlink's mtime.
 
-Deletes with write-back are queued (`tierfs.deletes`) so an ``rm -rf`` is local; a part
-of `tierfs.filesystem.Filesystem`, sharing its state.
+Deletes with write-back are queued (`tierfs.core.deletes`) so an ``rm -rf`` is local; a part
+of `tierfs.core.filesystem.Filesystem`, sharing its state.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.deletes import Delete, delete_one
+from tierfs.core.deletes import Delete, delete_one
+from tierfs.core.inodes import ROOT_INO, Inode, Kind
+from tierfs.core.namespace import (
+    SYMLINK_FLAG_KEY,
+    SYMLINK_TARGET_KEY,
+    Found,
+)
+from tierfs.core.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 from tierfs.errors import (
     AlreadyExists,
     IsADirectory,
@@ -22,14 +29,7 @@ from tierfs.errors import (
     PreconditionFailed,
     Unsupported,
 )
-from tierfs.inodes import ROOT_INO, Inode, Kind
-from tierfs.namespace import (
-    SYMLINK_FLAG_KEY,
-    SYMLINK_TARGET_KEY,
-    Found,
-)
 from tierfs.storage import ObjectInfo
-from tierfs.writer import MTIME_KEY, Staged, format_mtime, parse_mtime
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)
@@ -140,7 +140,7 @@ class Entries(_Base):
 
     async def _delete_later(self, path: str, generation: int) -> None:
         """Write-back: journal the delete of ``path``'s object and hide it; a background
-        worker deletes it from GCS (`tierfs.deletes`)."""
+        worker deletes it from GCS (`tierfs.core.deletes`)."""
         assert self.journal is not None
         self.deletes.busy()  # the deletes wait for the `rm -rf` to pause: it is what waits
         self._delete_count += 1

@@ -8,10 +8,10 @@ Semantics are gcsfuse's (``docs/semantics.md`` lists them with the tests that
 check them): close-to-open consistency; writes staged locally and uploaded on
 flush/fsync/close with a generation precondition (a lost race is ESTALE) or,
 with ``write:write-back``, committed to a local journal on close and uploaded
-in the background (`tierfs.writeback`; fsync and ``tierfs sync`` still wait);
+in the background (`tierfs.core.writeback`; fsync and ``tierfs sync`` still wait);
 placeholder and implicit directories; directory rename by copy + delete up to
 ``rename-dir-limit`` objects (EMFILE beyond; with write-back, unbounded and
-journaled: `tierfs.dirmove`).
+journaled: `tierfs.core.dirmove`).
 
 Concurrency: trio runs handlers as tasks on one thread. The inode table and
 handle tables are changed only between checkpoints; a per-inode lock
@@ -34,12 +34,31 @@ from typing import NamedTuple
 import trio
 from cachetools import LRUCache
 
-from tierfs.attributes import Attributes
-from tierfs.blocks import BlockReader, Blocks, Spawn
-from tierfs.deletes import PendingDeletes
-from tierfs.directories import Directories
-from tierfs.dirmove import PendingMoves
-from tierfs.entries import Entries
+from tierfs.core.attributes import Attributes
+from tierfs.core.background import Background
+from tierfs.core.blocks import BlockReader, Blocks
+from tierfs.core.deletes import PendingDeletes
+from tierfs.core.directories import Directories
+from tierfs.core.dirmove import PendingMoves
+from tierfs.core.entries import Entries
+from tierfs.core.handles import DirHandle, FileHandle, HandleTable
+from tierfs.core.inodes import ROOT_INO, Inode, InodeTable, Kind
+from tierfs.core.kernel import Kernel, NoKernel
+from tierfs.core.lifecycle import Lifecycle
+from tierfs.core.lookups import Lookups
+from tierfs.core.metacache import MetadataCache
+from tierfs.core.namespace import (
+    DirListing,
+    Namespace,
+    check_new_name,
+)
+from tierfs.core.owned import OwnedDirs
+from tierfs.core.passthrough import Backings
+from tierfs.core.renames import Renames
+from tierfs.core.uploader import Uploader
+from tierfs.core.writeback import Journal
+from tierfs.core.writepath import LARGE_UPLOADS, WritePath
+from tierfs.core.writer import Staged
 from tierfs.errors import (
     AlreadyExists,
     IsADirectory,
@@ -50,26 +69,7 @@ from tierfs.errors import (
     Unsupported,
     root_cause,
 )
-from tierfs.handles import DirHandle, FileHandle, HandleTable
-from tierfs.inodes import ROOT_INO, Inode, InodeTable, Kind
-from tierfs.interrupts import Interrupts
-from tierfs.lifecycle import Lifecycle
-from tierfs.lookups import Lookups
-from tierfs.metacache import MetadataCache
-from tierfs.namespace import (
-    DirListing,
-    Namespace,
-    check_new_name,
-)
-from tierfs.owned import OwnedDirs
-from tierfs.passthrough import Backings
-from tierfs.renames import Renames
 from tierfs.storage import Bucket
-from tierfs.uploader import Uploader
-from tierfs.watchdog import InFlight
-from tierfs.writeback import Journal
-from tierfs.writepath import LARGE_UPLOADS, WritePath
-from tierfs.writer import Staged
 
 log = logging.getLogger("tierfs.fs")
 NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
@@ -109,7 +109,7 @@ class Settings:
     write_passthrough: bool = True  # with write-back: the kernel writes new files directly
     max_streams: float = 0  # new files uploaded while written (streaming writes) at a time
     stream_chunk_bytes: int = 32 << 20
-    slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.watchdog)
+    slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.fuse.watchdog)
     ignore_interrupts: bool = True  # gcsfuse's: a signal does not cancel (a death does)
 
 
@@ -145,8 +145,8 @@ class StatFs:
 
 class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath, Renames):
     """POSIX operations over a bucket; the state of one mount. Its directories, its
-    write path and its renames are in mixins of their own modules (`tierfs.directories`,
-    `tierfs.writepath`, `tierfs.renames`); this one holds the state, lookups, attributes,
+    write path and its renames are in mixins of their own modules (`tierfs.core.directories`,
+    `tierfs.core.writepath`, `tierfs.core.renames`); this one holds the state, lookups, attributes,
     open/read/write, unlink and symlinks, statistics and shutdown."""
 
     def __init__(
@@ -157,9 +157,15 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
         clock_ns: Callable[[], int] = time.time_ns,
         monotonic_s: Callable[[], float] = time.monotonic,
         blocks: Blocks | None = None,
-        spawn: Spawn | None = None,
+        background: Background | None = None,
+        kernel: Kernel | None = None,
         journal: Journal | None = None,
     ) -> None:
+        # Collaborators from the composition root (tierfs/mount.py): where background tasks
+        # run once the mount's nursery exists, and what the core asks of the kernel (names
+        # to forget, backing files for passthrough). Tests leave them out.
+        self.background = background or Background()
+        self.kernel = kernel or NoKernel()
         self.bucket = bucket
         self.journal = journal  # write-back on: close() commits here, uploads run later
         # Files open for writing: a save in progress, which uploads yield to. (With
@@ -170,7 +176,7 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
         )
         self._large_uploads = trio.CapacityLimiter(LARGE_UPLOADS)
         self.pending_moves = PendingMoves()  # directory renames moving objects in the background
-        # With write-back: unlinks whose GCS delete runs in the background (`tierfs.deletes`).
+        # With write-back: unlinks whose GCS delete runs in the background (`tierfs.core.deletes`).
         self.pending_deletes = PendingDeletes()
         self.deletes = Uploader(
             self._delete_in_background, lambda delete: False, writing=lambda: self._writers > 0
@@ -192,7 +198,6 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
         }
         self.owned = OwnedDirs()  # with write-back: directories made here, answered locally
         self.staging_errors = 0  # local files for writes that could not be made
-        self.background_errors = 0  # background tasks that failed unexpectedly (see spawner)
         self.write_requests = 0  # WRITEs the daemon served (none for passthrough files)
         self.flushes_held = 0  # FLUSHes that were not a last close, so uploaded nothing
         self.settings = settings
@@ -202,7 +207,6 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
         self.blocks = blocks or Blocks(
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
         )
-        self.spawn = spawn
         # Background copies of uploads into the SSD tier (`_cache_upload`): unmount waits
         # for them (`finish`), so that a restore after the remount finds whole files.
         self._copying = 0
@@ -212,8 +216,6 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
         self._prefetched_dirs: dict[str, float] = {}
         self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
         self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
-        # Tell the kernel to drop a cached name (set by the FUSE layer; a no-op in core tests).
-        self.kernel_forget: Callable[[int, str], None] = lambda parent_ino, name: None
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,
             negative_ttl_s=settings.negative_ttl_s,
@@ -230,15 +232,11 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
             clock=monotonic_s,
         )
         self.inodes = InodeTable(root_mtime_ns=clock_ns())
-        # The FUSE requests being served, and warnings about slow ones (its run() is
-        # started beside the request loop).
-        self.inflight = InFlight(settings.slow_request_s, lambda: bucket.last_error)
-        self.interrupts = Interrupts(ignore=settings.ignore_interrupts)  # FUSE INTERRUPT
         self.files: HandleTable[FileHandle] = HandleTable()
         self.dirs: HandleTable[DirHandle] = HandleTable()
         self.dir_counts = {"opens": 0, "kept": 0, "listings_served": 0}
-        # FUSE passthrough; the FUSE layer sets ``backings.files`` when the kernel agreed.
-        self.backings = Backings(self.blocks)
+        # FUSE passthrough, where the kernel agreed to it at INIT (``kernel.passthrough``).
+        self.backings = Backings(self.blocks, self.kernel)
         # Per directory, the entries last built from a kept listing (see _reuse_listed), and
         # so the listing the kernel was last given (see kernel_may_keep_listing).
         self._listed: LRUCache[str, tuple[DirListing, list[tuple[str, Inode]], list[str]]] = (
@@ -311,7 +309,7 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
         self._make_spares()
         if self.settings.create_empty_file:
             await self._upload(inode, object_name)
-        elif self.spawn is not None and self._streams < self.settings.max_streams:
+        elif self.background.running and self._streams < self.settings.max_streams:
             await self._start_stream(inode, object_name)
         self.inodes.remember(inode)
         handle = self._open_handle(inode, writable=True, flags=flags)
@@ -379,7 +377,7 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
                     self._read_object(inode),
                     inode.generation,
                     inode.size,
-                    spawn=self.spawn,
+                    spawn=self.background.spawner(),
                     max_ahead_bytes=self.settings.read_ahead_bytes,
                     fill=self.settings.file_cache,
                     fill_on_range_read=self.settings.cache_for_range_read,
@@ -422,10 +420,6 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
 
     # -- attributes that change ----------------------------------------------------------------
 
-    def background_failed(self, error: BaseException) -> None:
-        """A background task died of an error nobody expected (logged by the spawner)."""
-        self.background_errors += 1
-
     def _removed(self, path: str, *, below: bool = True) -> None:
         """``path`` is gone: forget it, and the directories that existed only through it.
 
@@ -437,7 +431,7 @@ class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath
             grand = self.inodes.current(parent.parent_path)
             if grand is None:
                 break
-            self.kernel_forget(grand.ino, parent.name)
+            self.kernel.forget(grand.ino, parent.name)
             self._emptied[parent.path] = self._monotonic_s() + self.settings.metadata_ttl_s
             parent = grand
 

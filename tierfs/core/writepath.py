@@ -2,11 +2,11 @@
 
 flush, fsync and release; streaming uploads of new files while they are written;
 staging a local copy for writes; and, with write-back, the commit to the local
-journal (`tierfs.writeback`) and the background uploads (`tierfs.uploader`),
+journal (`tierfs.core.writeback`) and the background uploads (`tierfs.core.uploader`),
 whose success or failure comes back here. Which close publishes is decided in
-`tierfs.closes` (a forked child's or a dup's FLUSH publishes nothing).
+`tierfs.fuse.closes` (a forked child's or a dup's FLUSH publishes nothing).
 
-A mixin of `tierfs.filesystem.Filesystem`: it shares that class's state.
+A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.deletes import DELETE_WORKERS
+from tierfs.core.deletes import DELETE_WORKERS
+from tierfs.core.handles import FileHandle
+from tierfs.core.inodes import Inode, Kind
+from tierfs.core.namespace import Found
+from tierfs.core.streaming import Stream
+from tierfs.core.writeback import SPARE_FILES, Record
+from tierfs.core.writer import MTIME_KEY, Staged, format_mtime
 from tierfs.errors import NotFound, PreconditionFailed
-from tierfs.handles import FileHandle
-from tierfs.inodes import Inode, Kind
-from tierfs.namespace import Found
 from tierfs.storage import ObjectInfo
-from tierfs.streaming import Stream
-from tierfs.writeback import SPARE_FILES, Record
-from tierfs.writer import MTIME_KEY, Staged, format_mtime
 
 log = logging.getLogger("tierfs.fs")
 # Writes (FUSE sends at most 1 MiB each) queued per streaming file while its upload
@@ -63,8 +63,8 @@ class WritePath(_Base):
         )
         inode.stream = Stream(upload, max_pending=STREAM_QUEUE_WRITES)
         self._streams += 1
-        assert self.spawn is not None
-        self.spawn(inode.stream.run)
+        assert self.background.running
+        self.background.spawn(inode.stream.run)
 
     def _end_stream(self, inode: Inode) -> None:
         """Abandon the inode's streaming upload (in the background); the staged file has
@@ -72,8 +72,8 @@ class WritePath(_Base):
         stream, inode.stream = inode.stream, None
         if stream is not None:
             self._streams -= 1
-            assert self.spawn is not None
-            self.spawn(stream.abort)
+            assert self.background.running
+            self.background.spawn(stream.abort)
 
     async def _send(self, inode: Inode, staged: Staged, object_name: str) -> ObjectInfo:
         """Make the object from the staged file: by finishing its stream if it has one that
@@ -105,7 +105,7 @@ class WritePath(_Base):
 
     async def flush(self, fh: int, *, last: bool = True) -> None:
         """close() of one descriptor. One that is not the file's last close (``last``
-        False: a forked child's exit, a dup'd fd; see tierfs.closes) publishes nothing
+        False: a forked child's exit, a dup'd fd; see tierfs.fuse.closes) publishes nothing
         without write-back, so no partial object appears: release uploads what is left."""
         if not last and self.journal is None:
             self.flushes_held += 1
@@ -306,8 +306,8 @@ class WritePath(_Base):
         return inode.open_handles == 0 and staged is not None and staged.committed and staged.dirty
 
     async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
-        """The write-back uploader and deleter (run until cancelled): `tierfs.uploader`,
-        `tierfs.deletes`."""
+        """The write-back uploader and deleter (run until cancelled): `tierfs.core.uploader`,
+        `tierfs.core.deletes`."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.uploads.run, workers, retry_s)
             nursery.start_soon(self.deletes.run, DELETE_WORKERS, retry_s)
@@ -373,7 +373,7 @@ class WritePath(_Base):
             return
         self.names.learned(inode.path, Found(False, info))
         await self._uploaded(inode, staged)
-        if self.spawn is not None and self.settings.file_cache:
+        if self.background.running and self.settings.file_cache:
             self._cache_upload(staged, object_name, info)
         inode.generation = info.generation
         inode.metageneration = info.metageneration
@@ -399,7 +399,7 @@ class WritePath(_Base):
     def _cache_upload(self, staged: Staged, object_name: str, info: ObjectInfo) -> None:
         """Keep what was just uploaded in the SSD tier too (in the background, from a dup of
         the staged file, which may be closed meanwhile), unless it is written again first."""
-        assert self.spawn is not None
+        assert self.background.running
         version = staged.uploaded_version  # what the file held when the upload began
         if staged.version != version:
             return  # written during the upload: the object is not what the file holds
@@ -421,7 +421,7 @@ class WritePath(_Base):
                 if not self._copying:
                     self._copies_idle.set()
 
-        self.spawn(store)
+        self.background.spawn(store)
 
     async def _stage(self, inode: Inode, length: int) -> None:
         """Give a clean file inode a local copy of (the first ``length`` bytes of) its object."""
@@ -454,7 +454,7 @@ class WritePath(_Base):
         """Have a thread make empty journal files ahead (`Journal.new_file`): on a disk where
         a create costs ~1 ms, a save of small files would otherwise wait for each."""
         journal = self.journal
-        if journal is None or self.spawn is None or self._spares_coming:
+        if journal is None or not self.background.running or self._spares_coming:
             return
         if journal.spares >= SPARE_FILES // 2:
             return
@@ -468,7 +468,7 @@ class WritePath(_Base):
             finally:
                 self._spares_coming = False
 
-        self.spawn(make)
+        self.background.spawn(make)
 
     @contextlib.contextmanager
     def _staging(self) -> Iterator[None]:

@@ -4,11 +4,11 @@ A file renamed before its upload moves only locally (its journal record points a
 the new name). A directory renamed without write-back is copied and deleted object
 by object, up to ``rename-dir-limit`` (EMFILE beyond), as gcsfuse does. With
 write-back, a directory rename is journaled, shown at once under the new name, and
-carried out in the background (`tierfs.dirmove`): lookups, reads and listings
+carried out in the background (`tierfs.core.dirmove`): lookups, reads and listings
 under either name see through it (`_resolve_moving`, `_read_object`,
 `_list_moving`), and changes to the moving tree wait for it (`_settle`).
 
-A mixin of `tierfs.filesystem.Filesystem`: it shares that class's state.
+A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.dirmove import MAX_MOVE_RETRY_S, MOVE_RETRY_S, Move, Moving, move_objects
+from tierfs.core.dirmove import MAX_MOVE_RETRY_S, MOVE_RETRY_S, Move, Moving, move_objects
+from tierfs.core.inodes import ROOT_INO, Inode, Kind
+from tierfs.core.namespace import DirListing, Found, check_new_name
 from tierfs.errors import (
     AlreadyExists,
     IsADirectory,
@@ -32,8 +34,6 @@ from tierfs.errors import (
     Unsupported,
     root_cause,
 )
-from tierfs.inodes import ROOT_INO, Inode, Kind
-from tierfs.namespace import DirListing, Found, check_new_name
 from tierfs.storage import ObjectInfo
 
 log = logging.getLogger("tierfs.fs")
@@ -233,10 +233,10 @@ class Renames(_Base):
             await self._rename_records(local, durable=False)
         # The locks are let go: the objects are moved in the background (or here, in core
         # tests without a nursery).
-        if self.spawn is None:
+        if not self.background.running:
             await finish(move)
         else:
-            self.spawn(finish, move)
+            self.background.spawn(finish, move)
 
     def _move_locally(
         self, source: Inode, new_path: str

@@ -42,8 +42,8 @@ it serves anything. For each record it looks at the object in GCS:
   ``conflicts/`` in the journal directory and an ERROR names it. It is never
   uploaded over the other client's object, and never thrown away.
 
-A directory rename is journaled too (``moves/``, see `tierfs.dirmove`), and so is an
-unlink (``deletes/``, see `tierfs.deletes`): both are finished after the uploads.
+A directory rename is journaled too (``moves/``, see `tierfs.core.dirmove`), and so is an
+unlink (``deletes/``, see `tierfs.core.deletes`): both are finished after the uploads.
 
 Data files without a record were never committed (their close() had not
 returned): they are deleted. Layout::
@@ -76,8 +76,8 @@ from typing import Any, Generic, TypeVar
 
 import google_crc32c
 
-from tierfs.deletes import Delete, recover_deletes
-from tierfs.dirmove import Move, recover_moves
+from tierfs.core.deletes import Delete, recover_deletes
+from tierfs.core.dirmove import Move, recover_moves
 from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
 
@@ -211,7 +211,7 @@ class _RecordLog(Generic[R]):
 
 
 class MoveLog(_RecordLog[Move]):
-    """The journaled directory renames (`tierfs.dirmove`)."""
+    """The journaled directory renames (`tierfs.core.dirmove`)."""
 
     def __init__(self, journal_dir: Path) -> None:
         super().__init__(journal_dir, "moves", Move)
@@ -227,7 +227,7 @@ class MoveLog(_RecordLog[Move]):
 
 
 class DeleteLog(_RecordLog[Delete]):
-    """The journaled deletes (`tierfs.deletes`)."""
+    """The journaled deletes (`tierfs.core.deletes`)."""
 
     def __init__(self, journal_dir: Path) -> None:
         super().__init__(journal_dir, "deletes", Delete)

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tierfs.emulator import Emulator, EmulatorError
+from tierfs.cli.emulator import Emulator, EmulatorError
 
 BUCKET = "tierfs-demo"
 

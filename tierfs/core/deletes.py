@@ -13,7 +13,7 @@ is in GCS is instead
   (`PendingDeletes.hides`), and an rmdir of its directory does not count it, so
   the directory can go too (a directory removed while deletes below it run is
   hidden the same way);
-- carried out by background workers (`tierfs.uploader`'s queue: bounded,
+- carried out by background workers (`tierfs.core.uploader`'s queue: bounded,
   retried, yielding to a save in progress), with the generation the file had
   as the precondition: a newer object another client wrote meanwhile is left.
 
@@ -61,7 +61,7 @@ class Delete:
 
 
 class DeleteRecords(Protocol):
-    """Where deletes are journaled (`tierfs.writeback.DeleteLog`)."""
+    """Where deletes are journaled (`tierfs.core.writeback.DeleteLog`)."""
 
     def pending(self) -> list[Delete]: ...
 

@@ -23,12 +23,14 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 
-from tierfs.closes import Closes, mount_id
+from tierfs.core.filesystem import NEVER_S, Attr, Filesystem
+from tierfs.core.handles import FileHandle
+from tierfs.core.namespace import decode_name, decode_target
 from tierfs.errors import NotFound, errno_of
-from tierfs.filesystem import NEVER_S, Attr, Filesystem
-from tierfs.handles import FileHandle
-from tierfs.namespace import decode_name, decode_target
-from tierfs.passthrough import KernelBackingFiles
+from tierfs.fuse.closes import Closes, mount_id
+from tierfs.fuse.interrupts import Interrupts
+from tierfs.fuse.kernel import PyfuseKernel
+from tierfs.fuse.watchdog import InFlight
 
 log = logging.getLogger("tierfs.fuse")
 
@@ -71,12 +73,12 @@ def _handler(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[A
     @functools.wraps(fn)
     async def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
         self = cast("Operations", args[0])
-        inflight = self.fs.inflight
+        inflight = self.inflight
         number = inflight.begin(op, self.describe, args[1:])
         failed = True
         try:
             if op in ABANDONABLE and INTERRUPTS:
-                result = await self.fs.interrupts.run(op, fn, args, kwargs)
+                result = await self.interrupts.run(op, fn, args, kwargs)
             else:
                 result = await fn(*args, **kwargs)
             failed = False
@@ -133,15 +135,21 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    # The patched pyfuse3 passes flush() the closer's context (tierfs.closes).
+    # The patched pyfuse3 passes flush() the closer's context (tierfs.fuse.closes).
     flush_takes_context = True
 
-    def __init__(self, fs: Filesystem, mountpoint: str | None = None) -> None:
+    def __init__(
+        self, fs: Filesystem, mountpoint: str | None = None, kernel: PyfuseKernel | None = None
+    ) -> None:
         super().__init__()
         self.fs = fs
         self.mountpoint = mountpoint
+        self.kernel = kernel or PyfuseKernel()  # the same one the core was given
         self.closes = Closes()
-        fs.kernel_forget = self._kernel_forget
+        # The requests being served, and warnings about slow ones (its run() is started
+        # beside the request loop); which of them an INTERRUPT lets go.
+        self.inflight = InFlight(fs.settings.slow_request_s, lambda: fs.bucket.last_error)
+        self.interrupts = Interrupts(ignore=fs.settings.ignore_interrupts)
         self.kernel_lists = KERNEL_LIST_CACHE and fs.settings.list_ttl_s > 0
         # Asked for at INIT (pyfuse3 reads this attribute) only with an SSD tier to read, or
         # write-back files to write.
@@ -164,9 +172,9 @@ class Operations(pyfuse3.Operations):
         mount's id, to find our files among a closing process's descriptors."""
         if self.mountpoint is not None:
             self.closes.mnt_id = mount_id(self.mountpoint)
-        if self.enable_passthrough and getattr(pyfuse3, "passthrough", False):
-            self.fs.backings.files = KernelBackingFiles()
-        elif self.enable_passthrough:
+        agreed = self.enable_passthrough and bool(getattr(pyfuse3, "passthrough", False))
+        self.kernel.agreed(agreed)
+        if not agreed and self.enable_passthrough:
             log.info("this kernel offers no FUSE passthrough: reads and writes go through tierfs")
 
     def describe(self, op: str, args: tuple[object, ...]) -> str:
@@ -194,11 +202,20 @@ class Operations(pyfuse3.Operations):
 
     def interrupt(self, unique: int) -> None:
         """FUSE INTERRUPT of request ``unique`` (the patched pyfuse3 calls this)."""
-        self.fs.interrupts.interrupted(unique)
+        self.interrupts.interrupted(unique)
 
-    @staticmethod
-    def _kernel_forget(parent_ino: int, name: str) -> None:
-        pyfuse3.invalidate_entry_async(parent_ino, name.encode("utf-8"), ignore_enoent=True)
+    def statistics(self) -> dict[str, object]:
+        """What `tierfs stats` shows: the core's counters and the requests in flight."""
+        inflight = self.inflight
+        return {
+            **self.fs.statistics(),
+            "requests": {
+                "in_flight": len(inflight),
+                "interrupted": self.interrupts.cancelled,
+                "longest_wait_s": round(inflight.longest_wait_s(), 3),
+                "slow_warnings": inflight.warnings,
+            },
+        }
 
     @_handler
     async def lookup(

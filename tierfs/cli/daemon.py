@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tierfs.mountpoint import MountError, is_stale, mounted_here, unmount
+from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 600.0

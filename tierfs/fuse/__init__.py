@@ -1,0 +1,1 @@
+"""The FUSE adapter: pyfuse3's requests into core calls and back (docs/architecture.md)."""
