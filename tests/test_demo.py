@@ -17,14 +17,20 @@ from tests.mounting import TIERFS, require_fuse
 pytestmark = pytest.mark.mount  # the demo mounts
 
 
-def fuse_mounts() -> list[str]:
+def fuse_mounts(below: str = "") -> list[str]:
+    """FUSE mountpoints (those whose path has ``below`` in it: another test, or another
+    suite on the same machine, may mount beside the demo)."""
     with open("/proc/self/mounts", encoding="utf-8") as table:
-        return [line.split()[1] for line in table if line.split()[2].startswith("fuse")]
+        return [
+            line.split()[1]
+            for line in table
+            if line.split()[2].startswith("fuse") and below in line.split()[1]
+        ]
 
 
 def test_demo_runs_the_tour_and_cleans_up() -> None:
     require_fuse()
-    before = fuse_mounts()
+    before = fuse_mounts("tierfs-demo-")
     result = subprocess.run([TIERFS, "demo"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -50,7 +56,7 @@ def test_demo_runs_the_tour_and_cleans_up() -> None:
     printed = re.search(r"2\. mounted: (tierfs mount .*)", out)
     assert printed and "--write-back" in printed.group(1) and "--cache-dir=" in printed.group(1)
     assert "6. unmounted" in out and "7. emulator stopped" in out
-    assert fuse_mounts() == before
+    assert fuse_mounts("tierfs-demo-") == before
 
 
 def test_demo_keep_leaves_it_running_and_says_how_to_stop() -> None:

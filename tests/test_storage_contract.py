@@ -37,7 +37,8 @@ from tierfs.errors import (
     PreconditionFailed,
 )
 from tierfs.storage import STAT_KEYS, Bucket, Listing
-from tierfs.storage.gcs import NO_CREDENTIALS, GcsBucket, RetrySettings, _normalize_endpoint
+from tierfs.storage.gcs import NO_CREDENTIALS, GcsBucket, RetrySettings
+from tierfs.storage.gcs_auth import _normalize_endpoint
 from tierfs.storage.memory import MemoryBucket
 
 KiB = 1024

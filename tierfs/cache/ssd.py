@@ -86,13 +86,13 @@ from tierfs.cache.ssd_format import (
     _name_bytes,
     _name_hash,
     _object_of,
-    _prepare,
     _read_block,
     _round_up,
     _write_block,
     capacity_for,
     safety_margin,
 )
+from tierfs.cache.ssd_scan import _prepare
 from tierfs.cache.ssd_seals import Passthrough, _Seals
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The SSD tier's files on disk: names, block headers, seals, and the start-up scan.
+"""The SSD tier's files on disk: names, block headers and seals (the start-up scan that
+reads them back is `tierfs.cache.ssd_scan`).
 
 Everything here is a pure function of paths and bytes (no tier state), so the format
 can be read and checked on its own; `tierfs.cache.ssd.SsdTier` keeps the index, the
@@ -65,10 +66,9 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import google_crc32c
@@ -445,90 +445,3 @@ def _check_seal(
         with contextlib.suppress(OSError):
             os.utime(record, follow_symlinks=False)
     return True
-
-
-@dataclass(frozen=True)
-class _Scan:
-    """What `_prepare` found: records oldest first as (stem, payload bytes, record bytes),
-    and the volume."""
-
-    records: list[tuple[str, int, int]]
-    temporaries_removed: int
-    old_format_removed: bool
-    fragment_bytes: int
-    total_bytes: int
-    free_bytes: int
-
-
-@dataclass
-class _Found:
-    records: list[tuple[float, str, int]] = field(default_factory=list)
-    data_sizes: dict[str, int] = field(default_factory=dict)
-    seals: list[Path] = field(default_factory=list)
-
-
-def _scan_fanout(sub: os.DirEntry[str], found: _Found) -> int:
-    removed = 0
-    with os.scandir(sub.path) as files:
-        for entry in files:
-            if entry.name.startswith(_TMP_PREFIX):
-                _unlink(Path(entry.path))
-                removed += 1
-                continue
-            if not entry.name.startswith(sub.name):
-                continue
-            if _SEAL_NAME.fullmatch(entry.name):
-                found.seals.append(Path(entry.path))
-                continue
-            regular = entry.is_file(follow_symlinks=False)
-            if _DATA.fullmatch(entry.name) and regular:
-                st = entry.stat(follow_symlinks=False)
-                found.data_sizes[entry.path[: -len(".data")]] = st.st_size
-            elif _STEM.fullmatch(entry.name) and (regular or entry.is_symlink()):
-                st = entry.stat(follow_symlinks=False)
-                stamp = max(st.st_mtime, st.st_atime)
-                found.records.append((stamp, entry.path, st.st_size))
-    return removed
-
-
-def _prepare(root: Path, directory: Path, old_directory: Path) -> _Scan:
-    """Create the cache directories, delete leftovers (temporaries, data files and seals
-    with no record, the old format's directory), list the records."""
-    if not root.is_dir():
-        os.makedirs(root.parent, exist_ok=True)
-        _make_dir(root)
-    old = old_directory.is_dir() and not old_directory.is_symlink()
-    if old:
-        shutil.rmtree(old_directory, ignore_errors=True)
-    _make_dir(directory.parent.parent)
-    _make_dir(directory.parent)
-    _make_dir(directory)
-    found = _Found()
-    removed = 0
-    with os.scandir(directory) as subdirs:
-        for sub in subdirs:
-            if _FANOUT.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False):
-                removed += _scan_fanout(sub, found)
-    st = os.statvfs(directory)
-    fragment = st.f_frsize or 4096
-    objects_with_records: set[str] = set()
-    records = []
-    for _stamp, path, record_size in sorted(found.records):
-        obj = _object_of(path)
-        objects_with_records.add(obj)
-        index, block_size = _index_of(path), int(obj.rsplit(".", 1)[1])
-        length = max(0, min(block_size, found.data_sizes.get(obj, 0) - index * block_size))
-        records.append((os.path.basename(path), length, record_size))
-    for obj in set(found.data_sizes) - objects_with_records:
-        _unlink(Path(obj + ".data"))
-    for seal in found.seals:
-        if str(seal)[: -len(".seal")] not in found.data_sizes:
-            _unlink(seal)
-    return _Scan(
-        records=records,
-        temporaries_removed=removed,
-        old_format_removed=old,
-        fragment_bytes=fragment,
-        total_bytes=st.f_blocks * st.f_frsize,
-        free_bytes=st.f_bavail * st.f_frsize,
-    )

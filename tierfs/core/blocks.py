@@ -47,7 +47,6 @@ log = logging.getLogger("tierfs.blocks")
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
 
 
-
 @dataclass
 class _Flight:
     done: trio.Event = field(default_factory=trio.Event)

@@ -61,7 +61,7 @@ class Delete:
 
 
 class DeleteRecords(Protocol):
-    """Where deletes are journaled (`tierfs.core.writeback.DeleteLog`)."""
+    """Where deletes are journaled (`tierfs.core.records.DeleteLog`)."""
 
     def pending(self) -> list[Delete]: ...
 

@@ -44,7 +44,7 @@ from tierfs.errors import BackendError, NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
 
 if TYPE_CHECKING:
-    from tierfs.core.writeback import MoveLog
+    from tierfs.core.records import MoveLog
 
 log = logging.getLogger("tierfs.writeback")
 

@@ -68,25 +68,22 @@ import json
 import logging
 import os
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import google_crc32c
 
 from tierfs.core.deletes import Delete, recover_deletes
 from tierfs.core.dirmove import Move, recover_moves
+from tierfs.core.records import _DIR_MODE, _FILE_MODE, DeleteLog, MoveLog, _fsync_dir, _write_record
 from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
 
 log = logging.getLogger("tierfs.writeback")
 
-_FILE_MODE = 0o600
-_DIR_MODE = 0o700
 _CHUNK = 8 << 20
-R = TypeVar("R")
 RECORD_XATTR = "user.tierfs.record"
 SPARE_FILES = 32  # empty data files made ahead by a thread, so create() need not wait
 # setxattr errors that mean "no attribute here" (this file system, or this record's size):
@@ -117,30 +114,6 @@ class Recovery:
     uncommitted: int = 0
     moves: list[Move] = field(default_factory=list)  # directory renames finished
     deletes: list[Delete] = field(default_factory=list)  # unlinks whose GCS delete it did
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_record(final: Path, body: dict[str, object], *, durable: bool = True) -> None:
-    """A JSON record that is either wholly there or absent after a crash: temp file,
-    rename; with ``durable``, fsync'd before the rename and the directory after it."""
-    tmp = final.with_name(final.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
-    try:
-        os.write(fd, json.dumps(body, sort_keys=True).encode("utf-8"))
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    if durable:
-        _fsync_dir(final.parent)
 
 
 _UNREADABLE = Record("", "", 0)  # a record that is there but cannot be parsed
@@ -179,65 +152,6 @@ def file_crc32c(path: Path | str) -> str:
         while chunk := handle.read(_CHUNK):
             checksum.update(chunk)
     return base64.b64encode(checksum.digest()).decode()
-
-
-class _RecordLog(Generic[R]):
-    """A directory of JSON records, one per operation under way, named by an id that sorts
-    by time (renames in ``moves/``, deletes in ``deletes/``). Blocking methods: call them
-    from a thread."""
-
-    def __init__(self, journal_dir: Path, name: str, load: Callable[..., R]) -> None:
-        self.dir = journal_dir / name
-        self.dir.mkdir(mode=_DIR_MODE, exist_ok=True)
-        self._load = load
-
-    def _write(self, record_id: str, body: dict[str, object], *, durable: bool) -> None:
-        _write_record(self.dir / f"{record_id}.json", body, durable=durable)
-
-    def _end(self, record_id: str) -> None:
-        (self.dir / f"{record_id}.json").unlink(missing_ok=True)
-
-    def pending(self) -> list[R]:
-        """Unfinished operations, oldest first; an unreadable record is kept and said."""
-        found = []
-        for leftover in self.dir.glob("*.json.tmp"):
-            leftover.unlink(missing_ok=True)  # never written whole: never promised
-        for path in sorted(self.dir.glob("*.json")):
-            try:
-                found.append(self._load(**json.loads(path.read_text(encoding="utf-8"))))
-            except (ValueError, TypeError) as err:
-                log.error("write-back journal: unreadable record %s (%s); kept", path, err)
-        return found
-
-
-class MoveLog(_RecordLog[Move]):
-    """The journaled directory renames (`tierfs.core.dirmove`)."""
-
-    def __init__(self, journal_dir: Path) -> None:
-        super().__init__(journal_dir, "moves", Move)
-
-    def begin(self, source: str, destination: str) -> Move:
-        """Durably record a move before any of it happens."""
-        move = Move(f"{time.time_ns():020d}-{secrets.token_hex(4)}", source, destination)
-        self._write(move.id, asdict(move), durable=True)
-        return move
-
-    def end(self, move: Move) -> None:
-        self._end(move.id)
-
-
-class DeleteLog(_RecordLog[Delete]):
-    """The journaled deletes (`tierfs.core.deletes`)."""
-
-    def __init__(self, journal_dir: Path) -> None:
-        super().__init__(journal_dir, "deletes", Delete)
-
-    def begin(self, delete: Delete) -> None:
-        """Record a delete before unlink returns (not fsync'd, like a close's record)."""
-        self._write(delete.id, delete.record(), durable=False)
-
-    def end(self, delete: Delete) -> None:
-        self._end(delete.id)
 
 
 class Journal:

@@ -51,7 +51,6 @@ with anonymous credentials a 401 must not trigger a token refresh.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -61,25 +60,17 @@ import requests.adapters
 import trio
 import urllib3
 from google.api_core import exceptions as api_exceptions
-from google.api_core.client_info import ClientInfo
-from google.auth.credentials import AnonymousCredentials
-from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 
-import tierfs
 from tierfs.errors import (
     AccessDenied,
     BackendError,
     NotFound,
     PreconditionFailed,
 )
-from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
-from tierfs.storage.gcs_auth import (
-    NO_CREDENTIALS,
-    _credentials,
-    _normalize_endpoint,
-    _settle_environment,
-)
+from tierfs.storage import Listing, ObjectInfo, check_name
+from tierfs.storage.counters import Counters
+from tierfs.storage.gcs_auth import NO_CREDENTIALS, client_for
 from tierfs.storage.gcs_errors import _describe, _map_error
 from tierfs.storage.gcs_upload import (
     UPLOAD_CHUNK_BYTES,
@@ -101,34 +92,6 @@ DEFAULT_HTTP_TIMEOUT_S = 60.0
 _CHECK_ATTEMPTS = 3
 
 T = TypeVar("T")
-
-
-class _Counters:
-    """Statistics shared by trio code and worker threads, hence the lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values = dict.fromkeys(STAT_KEYS, 0)
-        self._in_flight = 0
-
-    def add(self, **increments: int) -> None:
-        with self._lock:
-            for key, value in increments.items():
-                self._values[key] += value
-
-    def enter(self) -> None:
-        """A request's thread starts (for ``in_flight_peak``)."""
-        with self._lock:
-            self._in_flight += 1
-            self._values["in_flight_peak"] = max(self._values["in_flight_peak"], self._in_flight)
-
-    def leave(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._values)
 
 
 class GcsBucket(_Uploads):
@@ -165,7 +128,7 @@ class GcsBucket(_Uploads):
             limiter if limiter is not None else trio.CapacityLimiter(DEFAULT_CONCURRENCY)
         )
         self._timeout_s = http_timeout_s if http_timeout_s > 0 else DEFAULT_HTTP_TIMEOUT_S
-        self._counters = _Counters()
+        self._counters = Counters()
         self.last_error = ""  # the last transient failure, in one line (for slow-request logs)
         self._retry = self._make_retry(settings, settings.max_attempts)
         self._check_retry = self._make_retry(settings, settings.max_attempts or _CHECK_ATTEMPTS)
@@ -207,27 +170,16 @@ class GcsBucket(_Uploads):
         """
         if limiter is None:
             limiter = trio.CapacityLimiter(max_connections or DEFAULT_CONCURRENCY)
-        credentials = _credentials(key_file, anonymous, endpoint)
-        anonymous_credentials = isinstance(credentials, AnonymousCredentials)
-        # Anonymous credentials cannot be refreshed: let a 401 be a 401, not a refresh error.
-        session = AuthorizedSession(
-            credentials, refresh_status_codes=() if anonymous_credentials else (401,)
-        )
-        _settle_environment(
-            session, _normalize_endpoint(endpoint) if endpoint else "https://storage.googleapis.com"
-        )
         tokens = limiter.total_tokens
+        # The HTTP pool is sized to the limiter, so no connection is ever thrown away.
         pool = (int(tokens) if math.isfinite(tokens) else DEFAULT_CONCURRENCY) + 2
-        for scheme in ("https://", "http://"):
-            session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=pool))
-        user_agent = f"tierfs/{tierfs.__version__}" + (f" {app_name}" if app_name else "")
-        client_options = {"api_endpoint": _normalize_endpoint(endpoint)} if endpoint else None
-        client = storage.Client(
-            project=billing_project or None,
-            credentials=credentials,
-            _http=session,
-            client_info=ClientInfo(user_agent=user_agent),
-            client_options=client_options,
+        client = client_for(
+            endpoint=endpoint,
+            key_file=key_file,
+            anonymous=anonymous,
+            billing_project=billing_project,
+            app_name=app_name,
+            pool=pool,
         )
         return cls(
             client,

@@ -1,6 +1,6 @@
-"""Credentials and the endpoint of `GcsBucket`: a key file, anonymous access (an emulator
-must ask for it), or Application Default Credentials; the environment's proxy and CA
-settings read once for the one endpoint.
+"""Credentials, the endpoint and the client of `GcsBucket`: a key file, anonymous access
+(an emulator must ask for it), or Application Default Credentials; the environment's
+proxy and CA settings read once for the one endpoint; the HTTP session and its pool.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import os
 import google.auth
 import requests
 import requests.adapters
+from google.api_core.client_info import ClientInfo
 from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 from google.oauth2 import credentials as user_credentials
 from google.oauth2 import service_account
 
+import tierfs
 from tierfs.errors import (
     AccessDenied,
 )
@@ -89,3 +92,31 @@ def _settle_environment(session: requests.Session, url: str) -> None:
     if bundle:
         session.verify = bundle
     session.trust_env = False
+
+
+def client_for(
+    *, endpoint: str, key_file: str, anonymous: bool, billing_project: str, app_name: str, pool: int
+) -> storage.Client:
+    """A google-cloud-storage client for ``endpoint`` (empty: GCS) with its credentials and
+    an HTTP pool of ``pool`` connections. Raises `AccessDenied` (one line) without
+    credentials."""
+    credentials = _credentials(key_file, anonymous, endpoint)
+    anonymous_credentials = isinstance(credentials, AnonymousCredentials)
+    # Anonymous credentials cannot be refreshed: let a 401 be a 401, not a refresh error.
+    session = AuthorizedSession(
+        credentials, refresh_status_codes=() if anonymous_credentials else (401,)
+    )
+    _settle_environment(
+        session, _normalize_endpoint(endpoint) if endpoint else "https://storage.googleapis.com"
+    )
+    for scheme in ("https://", "http://"):
+        session.mount(scheme, requests.adapters.HTTPAdapter(pool_maxsize=pool))
+    user_agent = f"tierfs/{tierfs.__version__}" + (f" {app_name}" if app_name else "")
+    client_options = {"api_endpoint": _normalize_endpoint(endpoint)} if endpoint else None
+    return storage.Client(
+        project=billing_project or None,
+        credentials=credentials,
+        _http=session,
+        client_info=ClientInfo(user_agent=user_agent),
+        client_options=client_options,
+    )
