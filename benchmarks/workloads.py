@@ -310,9 +310,15 @@ class SeqRead(Workload):
 
 
 def _python_random_reads(
-    read: Callable[[int, int], bytes], want: memoryview, block: int, seconds: float, seed: int
+    read: Callable[[int, int], bytes],
+    want: memoryview,
+    block: int,
+    seconds: float,
+    seed: int,
+    offsets: list[int] | None = None,
 ) -> tuple[int, float]:
-    """QD1 random aligned reads for ``seconds``, each verified; (count, elapsed)."""
+    """QD1 random aligned reads for ``seconds``, each verified; (count, elapsed). The
+    offsets read are appended to ``offsets`` if given."""
     rng = random.Random(seed)
     slots = len(want) // block
     count = 0
@@ -323,8 +329,20 @@ def _python_random_reads(
         data = read(offset, block)
         check_small("random read", offset, data, want[offset : offset + block])
         count += 1
+        if offsets is not None:
+            offsets.append(offset)
         if time.monotonic() >= deadline:
             return count, time.monotonic() - start
+
+
+def _replay(
+    read: Callable[[int, int], bytes], want: memoryview, block: int, offsets: list[int]
+) -> float:
+    """The same reads again, each verified: seconds taken."""
+    start = time.monotonic()
+    for offset in offsets:
+        check_small("random read again", offset, read(offset, block), want[offset : offset + block])
+    return max(time.monotonic() - start, 1e-9)
 
 
 def _fio(path: Path, block: int, size: int, seconds: float) -> dict[str, Any]:
@@ -367,6 +385,11 @@ class RandRead(Workload):
     short Python pass of the same pattern verifies the bytes; without fio the
     verifying Python loop is the measurement. The direct client runs the same QD1
     pattern as ranged GETs.
+
+    ``.again``: a second touch of the same regions. A seeded Python pass reads for the
+    same time, the kernel's page cache is dropped, and the same offsets are read again:
+    what a system kept of its first reads (rclone's chunks, tierfs's pieces) shows here;
+    the direct client keeps nothing.
     """
 
     name = "rand"
@@ -374,6 +397,8 @@ class RandRead(Workload):
     metrics = (
         Metric("rand.4k", "random 4 KiB reads, QD1", "IOPS"),
         Metric("rand.1m", "random 1 MiB reads, QD1", "MB/s"),
+        Metric("rand.4k.again", "random 4 KiB reads, QD1, second touch", "IOPS"),
+        Metric("rand.1m.again", "random 1 MiB reads, QD1, second touch", "MB/s"),
     )
 
     def run(self, cell: Cell) -> None:
@@ -389,6 +414,10 @@ class RandRead(Workload):
 
                 count, elapsed = _python_random_reads(read, want, block, sizes.rand_seconds, 1)
                 self._record(cell, key, block, count / elapsed, "ranged GETs, QD1")
+                offsets: list[int] = []
+                _python_random_reads(read, want, block, sizes.rand_seconds, 5, offsets)
+                again = len(offsets) / _replay(read, want, block, offsets)
+                self._record(cell, f"{key}.again", block, again, "ranged GETs, QD1")
                 continue
             root = system.mount(DATA_BUCKET, fresh=True)
             assert root is not None
@@ -407,10 +436,15 @@ class RandRead(Workload):
                 else:
                     count, elapsed = _python_random_reads(read, want, block, sizes.rand_seconds, 1)
                     self._record(cell, key, block, count / elapsed, "python pread QD1")
+                offsets = []
+                _python_random_reads(read, want, block, sizes.rand_seconds, 5, offsets)
+                env.drop_caches()
+                again = len(offsets) / _replay(read, want, block, offsets)
+                self._record(cell, f"{key}.again", block, again, "python pread QD1, same offsets")
 
     @staticmethod
     def _record(cell: Cell, key: str, block: int, iops: float, note: str) -> None:
-        value = iops if key == "rand.4k" else iops * block / 1e6
+        value = iops if key.startswith("rand.4k") else iops * block / 1e6
         cell.record(key, value, note, iops=iops)
 
 

@@ -57,3 +57,38 @@ def test_prefetch_outside_a_mount_is_refused(tmp_path: Path) -> None:
     result = subprocess.run([TIERFS, "prefetch", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr == f"tierfs: {tmp_path} is not inside a tierfs mount\n"
+
+
+def test_prefetch_of_more_than_the_tiers_hold_says_so_and_reads_only_what_fits(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """Five 8 MiB files into a 20 MiB RAM tier (no cache dir): one line before it starts,
+    and only the two files that fit are downloaded (not 40 MiB to keep 20)."""
+    for i in range(5):
+        gcs_client.bucket(bucket_name).blob(f"data/part-{i}").upload_from_string(
+            os.urandom(8 * MiB)
+        )
+    mount = mount_factory("--ram-cache-max-size-mb=20", "--implicit-dirs")
+    result = subprocess.run(
+        [TIERFS, "prefetch", str(mount.path / "data")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "tierfs: prefetch: 40.0 MiB asked for, the tiers hold 20.0 MiB: warming 2 of 5 files "
+        "(16.0 MiB); the rest would evict them\n"
+    )
+    assert result.stdout.startswith("prefetched 2 files, 16.0 MiB"), result.stdout
+    assert stats(mount)["gcs"]["bytes_read"] <= 16 * MiB
+
+
+def test_prefetch_on_a_mount_that_keeps_nothing_says_so(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    gcs_client.bucket(bucket_name).blob("f").upload_from_string(os.urandom(MiB))
+    mount = mount_factory("--ram-cache-max-size-mb=0")
+    result = subprocess.run(
+        [TIERFS, "prefetch", str(mount.path / "f")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout == ""
+    assert "the mount keeps no data (no RAM tier, no cache dir): nothing to warm" in result.stderr
+    assert stats(mount)["gcs"]["media_reads"] == 0

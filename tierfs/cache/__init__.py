@@ -30,6 +30,17 @@ class BlockKey:
     index: int
 
 
+@dataclass(frozen=True, order=True)
+class PieceKey:
+    """A piece of one generation of one object, at ``offset`` (a multiple of the piece
+    size): what a random read fetched, kept so that the next touch of that region needs
+    no GCS request. Only a tier that keeps pieces (RAM) holds them."""
+
+    name: str
+    generation: int
+    offset: int
+
+
 class Tier(Protocol):
     """One cache level. Safe to call from many trio tasks.
 
@@ -55,7 +66,15 @@ class Tier(Protocol):
         ...
 
     async def discard(self, name: str, generation: int | None = None) -> None:
-        """Drop the blocks of an object (one generation, or all)."""
+        """Drop the blocks (and pieces) of an object (one generation, or all)."""
+        ...
+
+    def get_piece(self, key: PieceKey) -> bytes | None:
+        """A piece a random read fetched, or None (a tier that keeps no pieces: always)."""
+        ...
+
+    def put_piece(self, key: PieceKey, data: bytes) -> None:
+        """Keep a piece (a tier that keeps no pieces ignores it)."""
         ...
 
     async def seal(self, name: str, generation: int, size: int) -> bool:

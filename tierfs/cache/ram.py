@@ -1,4 +1,5 @@
-"""`RamTier`: the RAM tier, an LRU of whole blocks bounded in bytes.
+"""`RamTier`: the RAM tier, an LRU of whole blocks (and of the pieces random reads
+fetched), bounded in bytes.
 
 It sits between the kernel page cache and the SSD tier (DESIGN decisions 2, 3, 7).
 Blocks are immutable ``bytes`` keyed by `BlockKey` (name, generation, index), so a
@@ -26,24 +27,27 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from tierfs.cache import BlockKey
+from tierfs.cache import BlockKey, PieceKey
+
+Key = BlockKey | PieceKey
 
 __all__ = ["RamTier"]
 
 
-class _Blocks(LRUCache[BlockKey, bytes]):
-    """An LRUCache that keeps a by-name index and counts its evictions."""
+class _Blocks(LRUCache[Key, bytes]):
+    """An LRUCache that keeps a by-name index and counts its evictions. Blocks and the
+    pieces random reads fetched share it, so both count against one budget."""
 
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize=maxsize, getsizeof=len)
-        self.by_name: dict[str, set[BlockKey]] = {}
+        self.by_name: dict[str, set[Key]] = {}
         self.evictions = 0
 
-    def __setitem__(self, key: BlockKey, value: bytes, *args: Any) -> None:
+    def __setitem__(self, key: Key, value: bytes, *args: Any) -> None:
         super().__setitem__(key, value)
         self.by_name.setdefault(key.name, set()).add(key)
 
-    def __delitem__(self, key: BlockKey, *args: Any) -> None:
+    def __delitem__(self, key: Key, *args: Any) -> None:
         super().__delitem__(key)
         keys = self.by_name.get(key.name)
         if keys is not None:
@@ -51,7 +55,7 @@ class _Blocks(LRUCache[BlockKey, bytes]):
             if not keys:
                 del self.by_name[key.name]
 
-    def popitem(self) -> tuple[BlockKey, bytes]:
+    def popitem(self) -> tuple[Key, bytes]:
         item = super().popitem()
         self.evictions += 1
         return item
@@ -73,6 +77,9 @@ class RamTier:
         self._bytes_read = 0
         self._bytes_written = 0
         self._errors = 0
+        self._piece_hits = 0
+        self._piece_misses = 0
+        self._pieces_stored = 0
 
     async def get(self, key: BlockKey) -> bytes | None:
         data = self._blocks.get(key)
@@ -100,6 +107,22 @@ class RamTier:
         for key in [k for k in keys if generation is None or k.generation == generation]:
             del self._blocks[key]
 
+    def get_piece(self, key: PieceKey) -> bytes | None:
+        data = self._blocks.get(key)
+        if data is None:
+            self._piece_misses += 1
+            return None
+        self._piece_hits += 1
+        self._bytes_read += len(data)
+        return data
+
+    def put_piece(self, key: PieceKey, data: bytes) -> None:
+        if not data or len(data) > self._max_bytes or key in self._blocks:
+            return
+        self._blocks[key] = bytes(data)
+        self._bytes_written += len(data)
+        self._pieces_stored += 1
+
     async def seal(self, name: str, generation: int, size: int) -> bool:
         return False
 
@@ -120,4 +143,7 @@ class RamTier:
             "capacity_bytes": self._max_bytes,
             "entries": len(self._blocks),
             "errors": self._errors,
+            "piece_hits": self._piece_hits,
+            "piece_misses": self._piece_misses,
+            "pieces_stored": self._pieces_stored,
         }

@@ -67,7 +67,7 @@ from pathlib import Path
 
 import trio
 
-from tierfs.cache import BlockKey
+from tierfs.cache import BlockKey, PieceKey
 from tierfs.cache.ssd_budget import _Budget
 from tierfs.cache.ssd_format import (
     _MISSING,
@@ -370,6 +370,12 @@ class SsdTier(_Seals, _Budget):
             self._add(stem, size)
             self._trusted.add(stem)
             self._bytes_written += len(data)
+
+    def get_piece(self, key: PieceKey) -> bytes | None:
+        return None  # pieces of random reads stay in RAM (cache-file-for-range-read: whole files)
+
+    def put_piece(self, key: PieceKey, data: bytes) -> None:
+        return None
 
     async def discard(self, name: str, generation: int | None = None) -> None:
         self._check_open()

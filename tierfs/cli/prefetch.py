@@ -5,6 +5,11 @@ time. Reading is what fills the kernel's page cache, the RAM tier and the SSD
 file cache (where a first read at offset 0 brings the whole object in with
 parallel downloads), so a later job finds the data local. On a terminal a
 progress bar shows bytes, rate and ETA; otherwise one summary line is printed.
+
+Reading more than the tiers hold would only evict the first files to make room for
+the last ones (and download everything for nothing): before it starts, prefetch asks
+the mount how much its largest tier holds and, when the files asked for are more,
+says so in one line and warms only the files that fit, in walk order.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from tierfs.cli.control import request_statistics
 from tierfs.cli.mountpoint import MountError, mounts
 
 CHUNK_BYTES = 4 << 20
@@ -50,6 +56,29 @@ def files_below(paths: list[Path]) -> Iterator[tuple[Path, int]]:
             yield path, path.stat().st_size
 
 
+def tier_capacity(mountpoint: str) -> int | None:
+    """Bytes the mount's largest tier holds (0: no tier), or None if the mount cannot say."""
+    try:
+        tiers = request_statistics(mountpoint)["data"]["tiers"]
+        return max((int(tier["capacity_bytes"]) for tier in tiers.values()), default=0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def that_fit(files: list[tuple[Path, int]], capacity: int) -> list[tuple[Path, int]]:
+    """The files, in order, that fit in ``capacity`` together (one too big is skipped)."""
+    chosen, used = [], 0
+    for path, size in files:
+        if used + size <= capacity:
+            chosen.append((path, size))
+            used += size
+    return chosen
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
 def _read_all(path: Path, progress: tqdm) -> int:
     total = 0
     with open(path, "rb", buffering=0) as f:
@@ -64,19 +93,41 @@ def prefetch(argv: list[str]) -> int:
         print("tierfs: usage: tierfs prefetch PATH...", file=sys.stderr)
         return 2
     paths = [Path(a) for a in argv]
+    mountpoints = set()
     for path in paths:
         if not path.exists():
             print(f"tierfs: {path}: no such file or directory", file=sys.stderr)
             return 1
-        if tierfs_mount_of(path) is None:
+        mountpoint = tierfs_mount_of(path)
+        if mountpoint is None:
             print(f"tierfs: {path} is not inside a tierfs mount", file=sys.stderr)
             return 1
+        mountpoints.add(mountpoint)
     try:
         files = list(files_below(paths))
     except (OSError, MountError) as err:
         print(f"tierfs: cannot list {err}", file=sys.stderr)
         return 1
     total = sum(size for _, size in files)
+    capacities = [tier_capacity(m) for m in sorted(mountpoints)]
+    if len(mountpoints) == 1 and capacities[0] is not None and total > capacities[0]:
+        capacity = capacities[0]
+        if capacity == 0:
+            print(
+                f"tierfs: prefetch: {_mib(total)} asked for, but the mount keeps no data "
+                "(no RAM tier, no cache dir): nothing to warm",
+                file=sys.stderr,
+            )
+            return 0
+        chosen = that_fit(files, capacity)
+        print(
+            f"tierfs: prefetch: {_mib(total)} asked for, the tiers hold {_mib(capacity)}: "
+            f"warming {len(chosen)} of {len(files)} files ({_mib(sum(s for _, s in chosen))});"
+            " the rest would evict them",
+            file=sys.stderr,
+        )
+        files = chosen
+        total = sum(size for _, size in files)
     started = time.monotonic()
     interactive = sys.stderr.isatty()
     with tqdm(

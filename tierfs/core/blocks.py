@@ -36,7 +36,7 @@ import google_crc32c
 import trio
 from cachetools import LRUCache
 
-from tierfs.cache import BlockKey, Tier
+from tierfs.cache import BlockKey, PieceKey, Tier
 from tierfs.cache.ssd import Passthrough
 from tierfs.core.background import Spawn
 from tierfs.errors import NotFound, root_cause
@@ -45,6 +45,9 @@ from tierfs.storage import Bucket
 log = logging.getLogger("tierfs.blocks")
 
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
+
+
+PIECE_BYTES = 256 << 10  # what a random read fetches and keeps
 
 
 @dataclass
@@ -72,6 +75,7 @@ class Blocks:
         self.downloads = downloads
         self.per_file = max(1, per_file)
         self.check_crc = check_crc
+        self.piece_bytes = min(PIECE_BYTES, block_size)
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
         # Whole objects brought in but maybe not sealed yet (an unmount may cut the
@@ -124,17 +128,46 @@ class Blocks:
             return await self.get(key, object_size)
         return data
 
-    async def read_range(self, name: str, generation: int, offset: int, length: int) -> bytes:
-        """A random read's own bytes straight from GCS, cached nowhere (a block is the unit
-        of caching; fetching 8 MiB to answer 4 KiB would cost 2,000 times the bytes).
+    async def read_range(
+        self, name: str, generation: int, offset: int, length: int, object_size: int
+    ) -> bytes:
+        """A random read's bytes, in whole *pieces* (`PIECE_BYTES`, aligned): from a tier
+        that keeps them (RAM), else with one ranged GCS read of the pieces it spans, kept
+        there, so that the next touch of the same region needs no request. (A block is
+        the unit of sequential caching; fetching 8 MiB to answer 4 KiB would cost 2,000
+        times the bytes and the time; a piece costs one request's latency plus 256 KiB.
+        Measured on the emulator: 1 MiB pieces cut first-touch 4 KiB reads from ~900 to
+        ~620 IOPS; 256 KiB ones kept them.)
 
         Not under the downloads limiter: a reader waiting on one small range must not
         queue behind a whole-object fill's block downloads (measured: QD1 random reads
         during a 1 GiB fill fell to 13/s). The bucket's own limiter still bounds it."""
-        data = await self.bucket.read(name, generation=generation, offset=offset, length=length)
+        piece = self.piece_bytes
+        first, end = offset - offset % piece, min(offset + length, object_size)
+        starts = range(first, end, piece)
+        found = [self._piece(PieceKey(name, generation, start)) for start in starts]
+        if all(part is not None for part in found):
+            joined = b"".join(part for part in found if part is not None)
+            return joined[offset - first : end - first]
+        last = min(starts[-1] + piece, object_size)
+        data = await self.bucket.read(
+            name, generation=generation, offset=first, length=last - first
+        )
         self.gcs_ranges += 1
         self.gcs_bytes += len(data)
-        return data
+        for start in starts:
+            part = data[start - first : start - first + piece]
+            if len(part) == min(piece, object_size - start):  # never keep a short answer
+                for tier in self.tiers:
+                    tier.put_piece(PieceKey(name, generation, start), part)
+        return data[offset - first : end - first]
+
+    def _piece(self, key: PieceKey) -> bytes | None:
+        for tier in self.tiers:
+            data = tier.get_piece(key)
+            if data is not None:
+                return data
+        return None
 
     async def _from_tiers(self, key: BlockKey) -> bytes | None:
         for level, tier in enumerate(self.tiers):
@@ -347,7 +380,7 @@ class BlockReader:
             data = await self.blocks.cached(key, self.size)
             if data is None:  # random and not cached: just these bytes, from GCS
                 return await self.blocks.read_range(
-                    self.name, self.generation, offset, end - offset
+                    self.name, self.generation, offset, end - offset, self.size
                 )
             start = offset - first * size
             return memoryview(data)[start : start + end - offset]
