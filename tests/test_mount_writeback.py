@@ -595,7 +595,8 @@ def test_creates_in_a_directory_this_mount_made_ask_gcs_nothing(
 ) -> None:
     """The kernel looks every new name up first; in a directory this mount made, the answer
     (ENOENT) comes from the mount's own table. Everything else still asks GCS."""
-    gcs_client.bucket(bucket_name).blob("old/kept").upload_from_string(b"from before")
+    # Two levels down: the root's listing has old/ listed ahead, not old/deeper/.
+    gcs_client.bucket(bucket_name).blob("old/deeper/kept").upload_from_string(b"from before")
     mount = mount_factory(
         "--write-back", HOLD, "--implicit-dirs", f"--cache-dir={tmp_path / 'cache'}"
     )
@@ -609,7 +610,8 @@ def test_creates_in_a_directory_this_mount_made_ask_gcs_nothing(
     assert not (mount.path / "step_1" / "missing").exists()
     after = stats(mount)["gcs"]
     assert (after["stats"], after["lists"]) == (before["stats"], before["lists"])
-    assert (mount.path / "old" / "kept").read_bytes() == b"from before"  # not owned: asked
+    kept = mount.path / "old" / "deeper" / "kept"
+    assert kept.read_bytes() == b"from before"  # not owned: asked
     asked = stats(mount)["gcs"]
     assert asked["stats"] + asked["lists"] > after["stats"] + after["lists"]
     assert tierfs_sync(mount).returncode == 0

@@ -29,6 +29,8 @@ else:
     _Base = object
 
 log = logging.getLogger("tierfs.fs")
+PREFETCH_CHILDREN = 128  # subdirectories listed ahead when their parent is listed
+CHILD_ENTRIES = 1000  # of each: one page of a GCS listing
 
 
 class Lookups(_Base):
@@ -49,10 +51,16 @@ class Lookups(_Base):
         self.inodes.remember(inode)
         return inode
 
-    def _prefetch_listing(self, dir_path: str) -> None:
+    def _prefetch_listing(self, dir_path: str, *, children: bool = True) -> None:
         """gcsfuse's metadata prefetch: the first lookup in a directory lists it in the
         background, so the stats of its siblings (``ls -l``, a data loader opening every
-        file) come from the metadata cache instead of one or two requests each."""
+        file) come from the metadata cache instead of one or two requests each.
+
+        With ``children``, the subdirectories that listing names are listed too (up to
+        `PREFETCH_CHILDREN`, one level: theirs are listed when a lookup reaches them), so a
+        walk or a stat storm over an unknown tree finds each directory's listing under way
+        or done, instead of waiting for one listing after another: a cold stat of 10,000
+        files in 100 directories went from one listing wait per directory to a few."""
         s = self.settings
         if not self.background.running or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
             return
@@ -66,16 +74,25 @@ class Lookups(_Base):
             self._prefetched_dirs.clear()
         self._prefetched_dirs[dir_path] = now
         self._listing_in_flight[dir_path] = trio.Event()
-        self.background.spawn(self._list_in_background, dir_path)
+        self.background.spawn(self._list_in_background, dir_path, children)
 
-    async def _list_in_background(self, dir_path: str) -> None:
+    async def _list_in_background(self, dir_path: str, children: bool) -> None:
+        subdirs: tuple[str, ...] = ()
         try:
             async with self._prefetch_limiter:
-                await self.names.prefetch(dir_path, self.settings.metadata_prefetch_entries)
+                entries = self.settings.metadata_prefetch_entries
+                if not children:  # listed ahead, maybe never walked: one page at most
+                    entries = min(entries, CHILD_ENTRIES) if entries >= 0 else CHILD_ENTRIES
+                subdirs = await self.names.prefetch(dir_path, entries)
         except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
             log.debug("metadata prefetch of %r failed: %s", dir_path, err)
         finally:
             self._listing_in_flight.pop(dir_path).set()
+        if children:
+            for part in subdirs[:PREFETCH_CHILDREN]:
+                child = self.names.child_path(dir_path, part)
+                if not self.owned.owns(child):
+                    self._prefetch_listing(child, children=False)
 
     def remember(self, inode: Inode) -> None:
         """The kernel accepted ``inode`` in a readdir reply."""

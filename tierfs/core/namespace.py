@@ -269,10 +269,11 @@ class Namespace:
             self.listings[path] = listing  # (kept only if nothing changed while it came)
         return listing
 
-    async def prefetch(self, path: str, max_entries: int) -> None:
+    async def prefetch(self, path: str, max_entries: int) -> tuple[str, ...]:
         """Fill the metadata cache from (the first ``max_entries`` of) a directory's listing
-        (-1: all), without keeping the listing itself."""
-        await self._list_dir(path, None if max_entries < 0 else max(1, max_entries))
+        (-1: all), without keeping the listing itself; the subdirectories it named."""
+        listing = await self._list_dir(path, None if max_entries < 0 else max(1, max_entries))
+        return listing.dirs
 
     async def _list_dir(self, path: str, max_results: int | None = None) -> DirListing:
         prefix = self.dir_object(path)
