@@ -158,6 +158,7 @@ def blocks_for(config: Config, bucket: Bucket, chain: list[Tier]) -> Blocks:
         downloads=trio.CapacityLimiter(wanted.downloads),
         per_file=wanted.per_file,
         check_crc=wanted.check_crc,
+        memory=next((tier for tier in chain if isinstance(tier, RamTier)), None),
     )
 
 

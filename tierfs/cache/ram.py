@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+import trio.lowlevel
 from cachetools import LRUCache
 
 from tierfs.cache import BlockKey, PieceKey
@@ -80,6 +82,10 @@ class RamTier:
         self._piece_hits = 0
         self._piece_misses = 0
         self._pieces_stored = 0
+        # Bytes held back for downloads under way (`reserve`): they are in memory too.
+        self._reserved = 0
+        self._reserved_peak = 0
+        self._room = trio.lowlevel.ParkingLot()
 
     async def get(self, key: BlockKey) -> bytes | None:
         data = self._blocks.get(key)
@@ -99,8 +105,33 @@ class RamTier:
         if key in self._blocks:
             self._blocks[key]  # the same key holds the same bytes: only refresh its recency
             return
+        self._make_room(len(data))
         self._blocks[key] = bytes(data)
         self._bytes_written += len(data)
+
+    # -- memory held by downloads ---------------------------------------------------------
+
+    async def reserve(self, nbytes: int) -> None:
+        """Hold back ``nbytes`` of the tier for a download under way (its bytes, and the
+        copies the HTTP layer makes of them), evicting blocks for them, so that the
+        daemon's memory is the tier's size however many downloads run. Waits while other
+        downloads' reservations fill the tier (one always goes ahead). Pair with
+        `release`."""
+        while self._reserved and self._reserved + nbytes > self._max_bytes:
+            await self._room.park()
+        self._reserved += nbytes
+        self._reserved_peak = max(self._reserved_peak, self._reserved)
+        self._make_room(0)
+
+    def release(self, nbytes: int) -> None:
+        self._reserved -= nbytes
+        self._room.unpark_all()
+
+    def _make_room(self, nbytes: int) -> None:
+        """Evict until the blocks, the reservations and ``nbytes`` fit."""
+        blocks = self._blocks
+        while blocks and blocks.currsize + self._reserved + nbytes > self._max_bytes:
+            blocks.popitem()
 
     async def discard(self, name: str, generation: int | None = None) -> None:
         keys = self._blocks.by_name.get(name, ())
@@ -146,4 +177,6 @@ class RamTier:
             "piece_hits": self._piece_hits,
             "piece_misses": self._piece_misses,
             "pieces_stored": self._pieces_stored,
+            "reserved_bytes": self._reserved,
+            "reserved_peak_bytes": self._reserved_peak,
         }

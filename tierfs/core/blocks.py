@@ -26,11 +26,12 @@ Tiers never call GCS; a tier that fails is logged and counted as a miss.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import google_crc32c
 import trio
@@ -45,6 +46,17 @@ from tierfs.storage import Bucket
 log = logging.getLogger("tierfs.blocks")
 
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
+
+
+DOWNLOAD_COPIES = 2  # a block being downloaded is in memory twice at its peak
+
+
+class Memory(Protocol):
+    """Memory that downloads under way take from (`tierfs.cache.ram.RamTier`)."""
+
+    async def reserve(self, nbytes: int) -> None: ...
+
+    def release(self, nbytes: int) -> None: ...
 
 
 PIECE_BYTES = 256 << 10  # what a random read fetches and keeps
@@ -68,8 +80,12 @@ class Blocks:
         downloads: trio.CapacityLimiter,
         per_file: int = 16,
         check_crc: bool = False,
+        memory: Memory | None = None,
     ) -> None:
         self.bucket = bucket
+        # The RAM tier, which downloads under way take their memory from (None: no bound
+        # but the downloads limiter).
+        self.memory = memory
         self.tiers = list(tiers)
         self.block_size = block_size
         self.downloads = downloads
@@ -186,7 +202,7 @@ class Blocks:
     async def _download(self, key: BlockKey, object_size: int) -> bytes:
         offset = key.index * self.block_size
         length = max(0, min(self.block_size, object_size - offset))
-        async with self.downloads:
+        async with self.downloads, self._memory_for(length):
             data = await self.bucket.read(
                 key.name, generation=key.generation, offset=offset, length=length
             )
@@ -195,6 +211,20 @@ class Blocks:
         for tier in self.tiers:
             await self._put(tier, key, data)
         return data
+
+    @contextlib.asynccontextmanager
+    async def _memory_for(self, length: int) -> AsyncIterator[None]:
+        """Room in the RAM tier for one download: its bytes twice (the HTTP layer's buffer
+        and the block), released once the block is stored (then it counts as itself)."""
+        memory = self.memory
+        if memory is None:
+            yield
+            return
+        await memory.reserve(DOWNLOAD_COPIES * length)
+        try:
+            yield
+        finally:
+            memory.release(DOWNLOAD_COPIES * length)
 
     async def _put(self, tier: Tier, key: BlockKey, data: bytes) -> None:
         try:

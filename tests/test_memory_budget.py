@@ -1,0 +1,78 @@
+"""Downloads take their memory from the RAM tier (issue 18): a block being downloaded is
+held back in the tier twice (the HTTP layer's buffer and the block), so what the tier
+stores plus what downloads hold never exceeds its size, however many run at once."""
+
+from __future__ import annotations
+
+import os
+
+import trio
+import trio.testing
+
+from tierfs.cache import BlockKey
+from tierfs.cache.ram import RamTier
+from tierfs.core.blocks import DOWNLOAD_COPIES, Blocks
+from tierfs.storage.memory import MemoryBucket
+
+BLOCK = 1 << 20
+
+
+class HeldBucket(MemoryBucket):
+    """Reads wait at a gate, so that downloads pile up; the most at once is kept."""
+
+    def __init__(self, name: str, ram: list[RamTier]) -> None:
+        super().__init__(name)
+        self.gate = trio.Event()
+        self.running = 0
+        self.most = 0
+        self.ram = ram
+        self.worst = 0  # the most bytes stored and held back at once, seen from a read
+
+    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        stats = self.ram[0].statistics()
+        self.worst = max(self.worst, stats["used_bytes"] + stats["reserved_bytes"])
+        await self.gate.wait()
+        self.running -= 1
+        return await super().read(name, generation=generation, offset=offset, length=length)
+
+
+async def test_downloads_wait_for_room_in_the_ram_tier() -> None:
+    ram = RamTier(3 * DOWNLOAD_COPIES * BLOCK)  # room for three downloads at once
+    bucket = HeldBucket("b", [ram])
+    data = os.urandom(12 * BLOCK)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(16), memory=ram
+    )
+    got: dict[int, bytes] = {}
+
+    async def one(index: int) -> None:
+        got[index] = await blocks.get(BlockKey("obj", generation, index), len(data))
+
+    async with trio.open_nursery() as nursery:
+        for index in range(12):
+            nursery.start_soon(one, index)
+        await trio.testing.wait_all_tasks_blocked()
+        assert bucket.most == 3  # the limiter allows 16; the tier's room, three
+        bucket.gate.set()
+    assert b"".join(got[i] for i in range(12)) == data
+    stats = ram.statistics()
+    assert stats["reserved_bytes"] == 0
+    assert stats["reserved_peak_bytes"] <= 3 * DOWNLOAD_COPIES * BLOCK
+    assert bucket.worst <= 3 * DOWNLOAD_COPIES * BLOCK
+    assert stats["used_bytes"] <= 3 * DOWNLOAD_COPIES * BLOCK
+
+
+async def test_a_download_larger_than_the_tier_still_goes_ahead_alone() -> None:
+    ram = RamTier(BLOCK)  # smaller than one download's two copies
+    bucket = MemoryBucket("b")
+    data = os.urandom(2 * BLOCK)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    parts = []
+    for index in range(2):
+        parts.append(await blocks.get(BlockKey("obj", generation, index), len(data)))
+    assert b"".join(parts) == data
+    assert ram.statistics()["reserved_bytes"] == 0
