@@ -39,6 +39,7 @@ import trio
 from tierfs import control, daemon
 from tierfs.csi import paths
 from tierfs.csi.daemons import Daemon, StartError, is_fuse_mounted
+from tierfs.csi.metrics import VolumeView
 from tierfs.csi.proto import csi_pb2, csi_pb2_grpc
 from tierfs.csi.volume import BadRequest, Layout, Request, fingerprint, key_from_secrets, plan
 from tierfs.errors import AccessDenied, NotFound, TierfsError
@@ -227,6 +228,13 @@ class Node(csi_pb2_grpc.NodeServicer):
                 Code.INTERNAL,
                 f"cannot upload written data: {answer['error']}; the volume stays mounted",
             )
+
+    def metrics_volumes(self) -> list[VolumeView]:
+        """The published volumes, for the plugin's metrics endpoint."""
+        return [
+            VolumeView(v.daemon.volume_id, str(target), v.metrics_port, v.daemon.restarts)
+            for target, v in list(self.volumes.items())
+        ]
 
     # --- helpers ----------------------------------------------------------------------------
 

@@ -99,6 +99,13 @@ def setup_logging(severity: str) -> None:
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     path = socket_path(args.endpoint)
+    if args.metrics_address:
+        from tierfs.csi.metrics import parse_address
+
+        try:
+            parse_address(args.metrics_address)
+        except ValueError as err:
+            raise UsageError(f"csi: bad --metrics-address: {err}") from None
     os.umask(0o077)
     setup_logging(args.log_severity)
     settings = NodeSettings(
@@ -114,7 +121,14 @@ def run(argv: list[str]) -> int:
     if args.metrics_address:
         from tierfs.csi.metrics import serve_metrics
 
-        exporter = serve_metrics(args.metrics_address, node)
+        try:
+            exporter = serve_metrics(args.metrics_address, node)
+        except OSError as err:
+            print(
+                f"tierfs: csi: cannot serve metrics on {args.metrics_address}: {err}",
+                file=sys.stderr,
+            )
+            return 1
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(args.driver_name), server)
     csi_pb2_grpc.add_NodeServicer_to_server(node, server)
