@@ -34,6 +34,7 @@ from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
 from tierfs.control import Handler, serve_control
 from tierfs.errors import TierfsError, root_cause
+from tierfs.fdmount import check_fd, fuse_fd
 from tierfs.filesystem import Filesystem
 from tierfs.metrics import MetricsServer
 from tierfs.mountpoint import MountError, check_before_mount, set_read_ahead
@@ -91,7 +92,11 @@ async def serve(
     owned: GcsBucket | None = None
     log.debug("open files: up to %d", raise_open_file_limit())
     try:
-        check_before_mount(mountpoint)
+        fd = fuse_fd(mountpoint)  # /dev/fd/N: mounted by someone else (tierfs/fdmount.py)
+        if fd is None:
+            check_before_mount(mountpoint)
+        elif (problem := check_fd(fd)) is not None:
+            raise MountError(problem)
         for option, directory in settings.local_directories(config):
             try:
                 await trio.to_thread.run_sync(check_writable, directory)
