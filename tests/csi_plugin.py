@@ -107,9 +107,11 @@ class Plugin:
         readonly: bool = False,
         secrets: dict[str, str] | None = None,
         emulator_flags: Sequence[str] = ("anonymous-access",),
+        endpoint: str = "",
     ) -> csi_pb2.NodePublishVolumeRequest:
+        endpoint = endpoint or self.emulator.endpoint
         mount = csi_pb2.VolumeCapability.MountVolume(
-            mount_flags=[*flags, f"custom-endpoint={self.emulator.endpoint}", *emulator_flags]
+            mount_flags=[*flags, f"custom-endpoint={endpoint}", *emulator_flags]
         )
         capability = csi_pb2.VolumeCapability(
             mount=mount, access_mode=csi_pb2.VolumeCapability.AccessMode(mode=MULTI_WRITER)

@@ -43,7 +43,7 @@ from tierfs.csi.metrics import VolumeView
 from tierfs.csi.proto import csi_pb2, csi_pb2_grpc
 from tierfs.csi.volume import BadRequest, Layout, Request, fingerprint, key_from_secrets, plan
 from tierfs.errors import AccessDenied, NotFound, TierfsError
-from tierfs.mountpoint import MountError, is_stale, mounted_here
+from tierfs.mountpoint import MountError, is_stale, mounted_here, unmount
 
 log = logging.getLogger("tierfs.csi.node")
 Code = grpc.StatusCode
@@ -135,6 +135,7 @@ class Node(csi_pb2_grpc.NodeServicer):
                 )
             if not is_stale(str(target)):
                 return  # mounted by an earlier plugin process for this very request
+            unmount(str(target), lazy=True)  # its daemon died with that process: mount again
         self._mount(wanted, print_, directory, secrets)
 
     def _mount(
