@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.csi_plugin import CHECKPOINTING
+from tests.mounting import TIERFS
 from tierfs.csi import paths
 from tierfs.csi.proto import generate
 from tierfs.csi.volume import (
@@ -155,3 +157,19 @@ def test_private_files_and_dirs(tmp_path: Path) -> None:
     assert stat.S_IMODE((directory / "key.json").stat().st_mode) == 0o600
     paths.remove_volume_dir(directory)
     assert not directory.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "--node-id"),
+        (["--node-id=n", "--endpoint=tcp://0:1"], "unix:///PATH"),
+        (["--node-id=n", "--metrics-address=nowhere"], "HOST:PORT"),
+        (["--node-id=n", "--upload-timeout-s=soon"], "upload-timeout-s"),
+    ],
+)
+def test_wrong_use_is_one_line_and_status_2(args: list[str], says: str) -> None:
+    result = subprocess.run([TIERFS, "csi", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert result.stderr.startswith("tierfs: csi: ")
