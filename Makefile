@@ -7,7 +7,7 @@ SYSPKGS := fuse3 libfuse3-dev pkg-config patch
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-tried
 
-.PHONY: run test lint docs sysdeps venv clean
+.PHONY: run test lint docs sysdeps venv clean csi-proto
 
 run: $(STAMP)
 	$(VENV)/bin/tierfs demo
@@ -34,6 +34,10 @@ lint: $(STAMP)
 # Regenerate the options table in docs/options.md from the schema.
 docs: $(STAMP)
 	$(PY) -m mount_options.docs > docs/options.md
+
+# Regenerate the CSI gRPC stubs (committed; tests/test_csi_proto.py checks they match the .proto).
+csi-proto: $(STAMP)
+	$(PY) -m tierfs.csi.proto.generate tierfs/csi/proto
 
 sysdeps:
 	@missing=""; \

@@ -24,6 +24,7 @@ import mount_options
 from tests.conftest import MountFactory
 from tests.faults import MEDIA, UPLOADS, Action, FaultProxy, Faults, Rule
 from tests.mounting import stats
+from tierfs.cli.control import request
 from tierfs.cli.emulator import Emulator
 from tierfs.settings import retry as retry_settings
 
@@ -293,3 +294,29 @@ def test_an_unmount_with_gcs_gone_leaves_write_back_files_to_the_next_mount(
         time.sleep(0.1)
     bucket = gcs_client.bucket(bucket_name)
     assert {n: bucket.blob(n).download_as_bytes() for n in files} == files
+
+
+# --- a control client that leaves early -------------------------------------------------------
+
+
+def test_a_sync_client_that_leaves_before_the_answer_does_not_end_the_mount(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """`tierfs sync` with a timeout (the CSI plugin's unpublish) or Ctrl-C leaves while the
+    daemon still waits on an upload (held 3 s here). The answer then finds no reader: the
+    daemon drops it and goes on; it used to end the whole mount with a broken pipe."""
+    mount = mount_factory(fault_proxy.option, "--write-back")
+    rule = fault_proxy.faults.add(Rule(Action(stall_s=3), method="POST", target=UPLOADS, times=1))
+    (mount.path / "slow.bin").write_bytes(b"z" * 50_000)
+    with pytest.raises(TimeoutError):
+        request(str(mount.path), "sync", 0.5, {"path": ""})
+    assert request(str(mount.path), "sync", 60, {"path": ""}) == {
+        "mountpoint": str(mount.path),
+        "synced": True,
+    }
+    assert rule.fired == 1
+    assert gcs_client.bucket(bucket_name).blob("slow.bin").download_as_bytes() == b"z" * 50_000
+    assert (mount.path / "slow.bin").stat().st_size == 50_000

@@ -32,6 +32,7 @@ from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
 from tierfs.cli.control import Handler, serve_control
+from tierfs.cli.fdmount import check_fd, fuse_fd
 from tierfs.cli.mountpoint import MountError, check_before_mount, set_read_ahead
 from tierfs.core.background import Background
 from tierfs.core.blocks import Blocks
@@ -93,7 +94,11 @@ async def serve(
     owned: GcsBucket | None = None
     log.debug("open files: up to %d", raise_open_file_limit())
     try:
-        check_before_mount(mountpoint)
+        fd = fuse_fd(mountpoint)  # /dev/fd/N: mounted by someone else (tierfs/cli/fdmount.py)
+        if fd is None:
+            check_before_mount(mountpoint)
+        elif (problem := check_fd(fd)) is not None:
+            raise MountError(problem)
         for option, directory in settings.local_directories(config):
             try:
                 await trio.to_thread.run_sync(check_writable, directory)

@@ -72,7 +72,10 @@ async def serve_control(mountpoint: str, handlers: dict[str, Handler]) -> None:
                     body = {"error": "unknown request"}
                 else:
                     body = {"mountpoint": mountpoint, **await handler(args)}
-                await stream.send_all(json.dumps(body).encode() + b"\n")
+                try:
+                    await stream.send_all(json.dumps(body).encode() + b"\n")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the client left first (a sync's timeout, Ctrl-C): not the mount's end
 
         await trio.serve_listeners(answer, [listener])
     finally:

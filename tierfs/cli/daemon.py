@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tierfs.cli.fdmount import fuse_fd
 from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
 
 START_TIMEOUT_S = 120.0
@@ -31,6 +32,7 @@ STOP_TIMEOUT_S = 600.0
 def start_background(child_args: Sequence[str], mountpoint: str) -> None:
     """Start the daemon and wait until its mount answers; `MountError` otherwise."""
     read_fd, write_fd = os.pipe()
+    served = fuse_fd(mountpoint)  # /dev/fd/N: the daemon needs that descriptor too
     with tempfile.TemporaryFile() as errors:
         try:
             child = subprocess.Popen(
@@ -45,7 +47,7 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, *(() if served is None else (served,))),
                 start_new_session=True,
             )
         finally:

@@ -44,6 +44,7 @@ commands:
   unmount MOUNTPOINT                           upload pending writes, unmount, wait for the daemon
   demo                                         start the emulator, mount, show a short tour
   install-helper [--prefix DIR]                install /sbin/mount.tierfs for mount(8) and fstab
+  csi --node-id NAME [--endpoint unix:///PATH] a Kubernetes CSI node plugin (docs/kubernetes.md)
 
 Run '{PROG} mount --help' for the mount options; they are gcsfuse's, unchanged.
 """
@@ -125,6 +126,10 @@ def _main(argv: list[str]) -> int:
         from tierfs.cli.install import main as install_helper_main
 
         return install_helper_main(rest)
+    if command == "csi":  # the Kubernetes CSI node plugin: see tierfs/csi/
+        from tierfs.csi import main as csi_main
+
+        return csi_main(rest)
     raise UsageError(f"unknown command '{command}' (try '{PROG} --help')")
 
 

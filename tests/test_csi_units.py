@@ -1,0 +1,175 @@
+"""The CSI plugin's pure parts: the committed stubs match csi.proto, a publish request becomes
+the daemon's command line as the GKE driver would make it, target paths stay below the
+kubelet root, secrets are written privately."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.csi_plugin import CHECKPOINTING
+from tests.mounting import TIERFS
+from tierfs.csi import paths
+from tierfs.csi.proto import generate
+from tierfs.csi.volume import (
+    BadRequest,
+    Layout,
+    Request,
+    bucket_of,
+    daemon_args,
+    fingerprint,
+    key_from_secrets,
+    load,
+    mount_option_text,
+)
+
+TARGET = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/v/mount"
+LAYOUT = Layout(Path("/state/volumes/v"))
+
+
+def test_committed_stubs_are_what_make_csi_proto_generates(tmp_path: Path) -> None:
+    for made in generate.generate(tmp_path):
+        committed = generate.HERE / made.name
+        assert committed.read_bytes() == made.read_bytes(), f"run `make csi-proto` ({made.name})"
+
+
+def test_vendored_proto_says_where_it_came_from() -> None:
+    notice = (generate.HERE / "NOTICE").read_text()
+    assert "v1.12.0" in notice and "container-storage-interface/spec" in notice
+    assert "Apache License" in (generate.HERE / "LICENSE").read_text()
+
+
+def test_bucket_from_handle_or_bucket_name() -> None:
+    assert bucket_of(Request("my-bucket:pv-2", TARGET)) == "my-bucket"
+    assert bucket_of(Request("my-bucket", TARGET)) == "my-bucket"
+    inline = Request("csi-123", TARGET, context=(("bucketName", "data"),))
+    assert bucket_of(inline) == "data"
+    with pytest.raises(BadRequest, match="bucketName"):
+        bucket_of(Request("csi-123", TARGET, context=(("csi.storage.k8s.io/ephemeral", "true"),)))
+
+
+def test_checkpointing_line_as_one_element_or_many_gives_one_config() -> None:
+    joined = Request("b-bucket", TARGET, mount_flags=(CHECKPOINTING,))
+    listed = Request("b-bucket", TARGET, mount_flags=tuple(CHECKPOINTING.split(",")))
+    assert mount_option_text(joined) == mount_option_text(listed)
+    assert fingerprint(joined) == fingerprint(listed)
+    config = load(daemon_args(listed, LAYOUT, key_file=False))
+    assert config["metadata-cache:ttl-secs"] == -1
+    assert config["file-cache:max-size-mb"] == -1
+    assert config["read-ahead-kb"] == 1024
+    assert config["write:enable-streaming-writes"] is True
+    assert config["cache-dir"] == str(LAYOUT.cache_dir)
+    assert config.mountpoint == TARGET and config.bucket == "b-bucket"
+
+
+def test_attributes_readonly_and_fs_group() -> None:
+    request = Request(
+        "b-bucket",
+        TARGET,
+        context=(("fileCacheCapacity", "2Gi"), ("csi.storage.k8s.io/pod.uid", "u")),
+        readonly=True,
+        mount_group="3000",
+    )
+    config = load(daemon_args(request, LAYOUT, key_file=True, metrics_port=9100))
+    assert config["file-cache:max-size-mb"] == 2048
+    assert "ro" in config.fuse_options
+    assert (config["file-system:gid"], config["file-system:file-mode"]) == (3000, 0o664)
+    assert config["gcs-auth:key-file"] == str(LAYOUT.key_file)
+    assert config["metrics:prometheus-port"] == 9100
+    assert config["logging:file-path"] == "/dev/fd/2"
+
+
+def test_user_cannot_move_what_the_driver_owns() -> None:
+    request = Request(
+        "b-bucket", TARGET, mount_flags=("cache-dir=/etc,temp-dir=/,file-cache:max-size-mb:10",)
+    )
+    config = load(daemon_args(request, LAYOUT, key_file=False))
+    assert config["cache-dir"] == str(LAYOUT.cache_dir)
+    assert config["file-system:temp-dir"] == str(LAYOUT.temp_dir)
+    assert any("cache-dir" in w for w in config.warnings)
+
+
+def test_no_cache_dir_without_a_file_cache() -> None:
+    request = Request("b-bucket", TARGET, mount_flags=("file-cache:max-size-mb:0",))
+    assert not any(
+        a.startswith("--cache-dir") for a in daemon_args(request, LAYOUT, key_file=False)
+    )
+
+
+def test_fingerprint_ignores_what_kubelet_varies_and_sees_what_the_user_chose() -> None:
+    base = Request("b-bucket", TARGET, mount_flags=("implicit-dirs",))
+    with_pod = Request(
+        "b-bucket",
+        TARGET,
+        mount_flags=("implicit-dirs",),
+        context=(("csi.storage.k8s.io/serviceAccount.tokens", "{...}"),),
+    )
+    assert fingerprint(base) == fingerprint(with_pod)
+    assert fingerprint(base) != fingerprint(Request("b-bucket", TARGET, readonly=True))
+    assert fingerprint(base) != fingerprint(Request("b-bucket:other", TARGET, ("implicit-dirs",)))
+
+
+def test_bad_options_are_one_line_naming_them() -> None:
+    with pytest.raises(BadRequest, match="implicit-dirz"):
+        load(daemon_args(Request("b-bucket", TARGET, ("implicit-dirz",)), LAYOUT, key_file=False))
+
+
+def test_key_from_secrets() -> None:
+    assert key_from_secrets({}) is None
+    assert key_from_secrets({"sa.json": "K"}) == "K"
+    assert key_from_secrets({"key.json": "K", "other": "x"}) == "K"
+    with pytest.raises(BadRequest, match=r"key\.json"):
+        key_from_secrets({"a": "1", "b": "2"})
+
+
+def test_targets_below_the_root_only(tmp_path: Path) -> None:
+    root = tmp_path / "kubelet"
+    (root / "pods").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "pods" / "link").symlink_to(tmp_path / "elsewhere")
+    inside = paths.resolve_target(str(root / "pods" / "p" / "mount"), root)
+    assert inside == (root / "pods" / "p" / "mount").resolve()
+    for outside in (
+        str(root / "pods" / ".." / ".." / "elsewhere" / "m"),
+        str(root / "pods" / "link" / "m"),
+        str(root),
+        "pods/p/mount",
+        "/etc",
+    ):
+        with pytest.raises(paths.OutsideRoot):
+            paths.resolve_target(outside, root)
+    (tmp_path / "root-link").symlink_to(root)  # a kubelet root that is a symlink still works
+    assert paths.resolve_target(str(root / "pods" / "q"), tmp_path / "root-link")
+
+
+def test_private_files_and_dirs(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        directory = paths.private_dir(tmp_path / "state" / "volumes" / "v")
+        paths.write_private(directory / "key.json", "secret")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE((directory / "key.json").stat().st_mode) == 0o600
+    paths.remove_volume_dir(directory)
+    assert not directory.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "--node-id"),
+        (["--node-id=n", "--endpoint=tcp://0:1"], "unix:///PATH"),
+        (["--node-id=n", "--metrics-address=nowhere"], "HOST:PORT"),
+        (["--node-id=n", "--upload-timeout-s=soon"], "upload-timeout-s"),
+    ],
+)
+def test_wrong_use_is_one_line_and_status_2(args: list[str], says: str) -> None:
+    result = subprocess.run([TIERFS, "csi", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert result.stderr.startswith("tierfs: csi: ")

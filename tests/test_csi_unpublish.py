@@ -1,0 +1,52 @@
+"""Unpublish never drops written data: past ``--upload-timeout-s`` it answers DEADLINE_EXCEEDED
+and leaves the volume mounted; the kubelet's retry, once the upload is through, unmounts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from google.cloud import storage
+
+from tests.csi_plugin import running_plugin
+from tests.faults import UPLOADS, Action, FaultProxy, Rule
+from tierfs.cli.emulator import Emulator
+
+pytestmark = pytest.mark.mount
+
+
+def test_unpublish_waits_for_uploads_within_its_timeout(
+    emulator: Emulator,
+    bucket_name: str,
+    gcs_client: storage.Client,
+    fault_proxy: FaultProxy,
+    tmp_path: Path,
+) -> None:
+    with running_plugin(emulator, tmp_path, "--upload-timeout-s=1") as plugin:
+        target = plugin.target()
+        flags = ["write:write-back:true"]
+        plugin.publish(bucket_name, target, flags, endpoint=fault_proxy.endpoint)
+        stall = fault_proxy.faults.add(
+            Rule(Action(stall_s=4), method="POST", target=UPLOADS, times=1)
+        )
+        (target / "late.bin").write_bytes(b"y" * 100_000)  # write-back: close() returns first
+
+        with pytest.raises(grpc.RpcError) as caught:
+            plugin.unpublish(bucket_name, target)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+        assert "still uploading after 1 s" in caught.value.details()  # type: ignore[attr-defined]
+        assert stall.fired == 1
+        assert plugin.fuse_mounts() == [str(target)]  # still mounted, data still there
+        assert (target / "late.bin").stat().st_size == 100_000
+
+        for _attempt in range(30):  # as the kubelet does: retry (each waits up to 1 s)
+            try:
+                plugin.unpublish(bucket_name, target)
+                break
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+        assert not target.exists()
+        assert plugin.fuse_mounts() == []
+        blob = gcs_client.bucket(bucket_name).get_blob("late.bin")
+        assert blob is not None and blob.size == 100_000
