@@ -74,13 +74,10 @@ class RamTier:
             raise ValueError(f"RAM tier size must be >= 0 bytes, not {max_bytes}")
         self._max_bytes = max_bytes
         self._blocks = _Blocks(max(max_bytes, 1))
-        self._hits = 0
-        self._misses = 0
+        self._counts = dict.fromkeys(("hits", "misses", "piece_hits", "piece_misses"), 0)
         self._bytes_read = 0
         self._bytes_written = 0
         self._errors = 0
-        self._piece_hits = 0
-        self._piece_misses = 0
         self._pieces_stored = 0
         # Bytes held back for downloads under way (`reserve`): they are in memory too.
         self._reserved = 0
@@ -88,11 +85,15 @@ class RamTier:
         self._room = trio.lowlevel.ParkingLot()
 
     async def get(self, key: BlockKey) -> bytes | None:
+        return self._lookup(key, "")
+
+    def _lookup(self, key: Key, kind: str) -> bytes | None:
+        """A block or (``kind`` "piece_") a piece, counted as a hit or a miss of its kind."""
         data = self._blocks.get(key)
         if data is None:
-            self._misses += 1
+            self._counts[kind + "misses"] += 1
             return None
-        self._hits += 1
+        self._counts[kind + "hits"] += 1
         self._bytes_read += len(data)
         return data
 
@@ -139,17 +140,12 @@ class RamTier:
             del self._blocks[key]
 
     def get_piece(self, key: PieceKey) -> bytes | None:
-        data = self._blocks.get(key)
-        if data is None:
-            self._piece_misses += 1
-            return None
-        self._piece_hits += 1
-        self._bytes_read += len(data)
-        return data
+        return self._lookup(key, "piece_")
 
     def put_piece(self, key: PieceKey, data: bytes) -> None:
         if not data or len(data) > self._max_bytes or key in self._blocks:
             return
+        self._make_room(len(data))
         self._blocks[key] = bytes(data)
         self._bytes_written += len(data)
         self._pieces_stored += 1
@@ -165,8 +161,8 @@ class RamTier:
 
     def statistics(self) -> dict[str, int]:
         return {
-            "hits": self._hits,
-            "misses": self._misses,
+            "hits": self._counts["hits"],
+            "misses": self._counts["misses"],
             "bytes_read": self._bytes_read,
             "bytes_written": self._bytes_written,
             "evictions": self._blocks.evictions,
@@ -174,8 +170,8 @@ class RamTier:
             "capacity_bytes": self._max_bytes,
             "entries": len(self._blocks),
             "errors": self._errors,
-            "piece_hits": self._piece_hits,
-            "piece_misses": self._piece_misses,
+            "piece_hits": self._counts["piece_hits"],
+            "piece_misses": self._counts["piece_misses"],
             "pieces_stored": self._pieces_stored,
             "reserved_bytes": self._reserved,
             "reserved_peak_bytes": self._reserved_peak,
