@@ -30,6 +30,7 @@ from mount_options import Config
 from tierfs import settings
 from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
+from tierfs.cache.shared import SharedTier
 from tierfs.cache.ssd import SsdTier
 from tierfs.cli.control import Handler, serve_control
 from tierfs.cli.mountpoint import MountError, check_before_mount, set_read_ahead
@@ -119,7 +120,8 @@ async def serve(
 
 
 async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
-    """RAM, then the SSD file cache (when ``cache-dir`` is set and its size is not 0)."""
+    """RAM, then the SSD file cache (when ``cache-dir`` is set and its size is not 0), then
+    the shared tier (``enable-experimental-shared-chunk-cache``)."""
     wanted = settings.tiers(config)
     chain: list[Tier] = []
     if wanted.ram_bytes > 0:
@@ -135,6 +137,24 @@ async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
                 exclude=re.compile(wanted.exclude) if wanted.exclude else None,
                 limiter=limiter,
             )
+        )
+    shared = settings.shared(config)
+    if shared.enabled:
+        tier = SharedTier(
+            Path(shared.directory),
+            config.bucket,
+            shared.max_bytes,
+            block_size=wanted.block_bytes,
+            include=re.compile(wanted.include) if wanted.include else None,
+            exclude=re.compile(wanted.exclude) if wanted.exclude else None,
+            limiter=trio.CapacityLimiter(8),  # its own: a stalled share must not stall the SSD
+        )
+        await tier.open()
+        chain.append(tier)
+    elif config["file-cache:enable-experimental-shared-chunk-cache"]:
+        log.warning(
+            "enable-experimental-shared-chunk-cache needs a directory (cache-dir or "
+            "file-cache:shared-cache-dir) and a size other than 0: no shared cache"
         )
     return chain
 
