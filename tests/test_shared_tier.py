@@ -273,6 +273,9 @@ async def test_a_shared_directory_slower_than_the_bound_is_stepped_around(
         assert await tier.get(BlockKey("f", 1, 0)) is None
         assert trio.current_time() - start == pytest.approx(5)
         assert await tier.get(BlockKey("f", 1, 1)) is None  # no I/O while stepped aside
+        deadline = trio.current_time()  # (the abandoned thread may not have started yet)
+        while not calls and trio.current_time() < deadline + 5:
+            await trio.to_thread.run_sync(release.wait, 0.01)
         assert len(calls) == 1
         assert tier.statistics()["unavailable"] == 1
         assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1

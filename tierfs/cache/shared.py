@@ -93,7 +93,7 @@ class SharedTier:
         wait_s: float = 30.0,
         marker_s: float = 20.0,
         retry_s: float = 30.0,
-        poll_s: float = 0.02,
+        poll_s: float = 0.005,
     ) -> None:
         if max_bytes < AUTO:
             raise ValueError(f"shared tier size must be -1, 0 or a byte count, not {max_bytes}")
@@ -122,6 +122,7 @@ class SharedTier:
         self._last_scan = -math.inf
         self._written_since_scan = 0
         self._used_bytes = 0
+        self._last_cap = self._max_bytes  # AUTO: as measured by the last listing
         self._counts = dict.fromkeys(
             (
                 "hits", "misses", "corrupt", "bytes_read", "bytes_written", "puts_skipped",
@@ -207,7 +208,13 @@ class SharedTier:
             return None
         marker = self._marker(key)
         if await self._claim(key, marker):
-            return None
+            # Another node may have published it and dropped its claim between our miss
+            # and our claim: look once more before going to GCS.
+            data = await self._read(key)
+            if data is not None:
+                self._counts["hits"] += 1
+                await self.fetched(key)
+            return data
         data = await self._wait(key, marker)
         if data is None:  # that fetch failed or expired: ours now, and others wait for us
             await self._claim(key, marker)
@@ -251,7 +258,7 @@ class SharedTier:
             "errors": self._access.errors,
             "outages": self._access.outages,
             "used_bytes": self._used_bytes,
-            "capacity_bytes": -1 if math.isinf(self._max_bytes) else int(self._max_bytes),
+            "capacity_bytes": -1 if math.isinf(self._last_cap) else int(self._last_cap),
             "known_blocks": len(self._known),
             "unavailable": int(self._access.down()),
         }
@@ -320,7 +327,7 @@ class SharedTier:
                 self._counts["wait_timeouts"] += 1
                 return None
             await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
-            delay = min(delay * 2, 0.25)
+            delay = min(delay * 2, 0.05)  # a block takes tens of ms: stay close
 
     # -- eviction ----------------------------------------------------------------------------
 
@@ -350,7 +357,7 @@ class SharedTier:
             )
             self._counts["stale_removed"] += listing.stale_removed
             self._used_bytes = listing.used_bytes
-            cap = self._cap(listing)
+            cap = self._last_cap = self._cap(listing)
             if listing.used_bytes <= cap:
                 return
             excess = listing.used_bytes - int(cap * LOW_WATER)
