@@ -18,6 +18,8 @@ import pytest
 import trio
 import trio.testing
 
+import mount_options
+from tierfs import settings
 from tierfs.cache import BlockKey
 from tierfs.cache import shared_format as fmt
 from tierfs.cache.ram import RamTier
@@ -354,3 +356,27 @@ async def test_a_just_uploaded_file_is_published_to_the_shared_tier(tmp_path: Pa
     assert stat.S_IMODE(os.stat(other.path_of(BlockKey("saved", info.generation, 0))).st_mode) == (
         0o600
     )
+
+
+def settings_of(*flags: str) -> tuple[settings.SharedSettings, settings.TierSettings]:
+    config = mount_options.load(mount_options.parse_flags(list(flags)).parsed)
+    return settings.shared(config), settings.tiers(config)
+
+
+def test_the_options_place_the_shared_tier() -> None:
+    on = "--enable-experimental-shared-chunk-cache"
+    shared, tiers = settings_of("--cache-dir=/ssd", on, "--file-cache-shared-cache-dir=/nfs")
+    assert shared.enabled and shared.directory == "/nfs" and shared.max_bytes == -1
+    assert tiers.ssd and tiers.block_bytes == 8 << 20  # a local SSD tier beside it
+    # gcsfuse's meaning: without a directory of its own, cache-dir is the shared one.
+    shared, tiers = settings_of(
+        "--cache-dir=/nfs", on, "--file-cache-shared-cache-chunk-size-mb=16"
+    )
+    assert shared.enabled and shared.directory == "/nfs" and not tiers.ssd
+    assert tiers.block_bytes == 16 << 20  # the chunk size is every tier's block size
+    shared, _ = settings_of(
+        on, "--file-cache-shared-cache-dir=/nfs", "--file-cache-shared-cache-max-size-mb=0"
+    )
+    assert not shared.enabled
+    shared, _ = settings_of("--cache-dir=/ssd", "--file-cache-shared-cache-dir=/nfs")
+    assert not shared.enabled  # the option turns it on
