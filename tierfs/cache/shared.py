@@ -45,7 +45,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -94,6 +94,7 @@ class SharedTier:
         marker_s: float = 20.0,
         retry_s: float = 30.0,
         poll_s: float = 0.005,
+        background: Callable[[Callable[[], Awaitable[None]]], bool] | None = None,
     ) -> None:
         if max_bytes < AUTO:
             raise ValueError(f"shared tier size must be -1, 0 or a byte count, not {max_bytes}")
@@ -116,6 +117,7 @@ class SharedTier:
             self.directory, limiter=limiter, io_timeout_s=io_timeout_s, retry_s=retry_s
         )
         self._poll_s = poll_s
+        self._background = background
         self._known: LRUCache[BlockKey, bool] = LRUCache(maxsize=KNOWN_KEYS)
         self._claims: dict[BlockKey, Path] = {}
         self._scanning = False
@@ -138,14 +140,14 @@ class SharedTier:
 
     async def open(self) -> None:
         """Make the per-bucket directory (0700) under ``root``, which must exist (a shared
-        filesystem that is not mounted must not become a local directory), then scan."""
+        filesystem that is not mounted must not become a local directory). The first
+        listing comes with the first writes (a big share takes a while to list)."""
         if not self._enabled:
             return
         try:
             await self._access.run("open", _make_tree, self.root, self.directory)
         except Unavailable:
             return
-        await self._evict_if_due(force=True)
 
     # -- Tier protocol -------------------------------------------------------------------
 
@@ -184,7 +186,10 @@ class SharedTier:
         if wrote:
             self._counts["bytes_written"] += len(data)
             self._written_since_scan += len(content)
-            await self._evict_if_due()
+            if self._due():
+                # Listing a big share takes a while: not in the reader's time, if we can.
+                if self._background is None or not self._background(self._evict_if_due):
+                    await self._evict_if_due()
 
     async def discard(self, name: str, generation: int | None = None) -> None:
         """Delete the object's blocks here (a whole-object CRC32C mismatch): for every node."""
@@ -335,17 +340,11 @@ class SharedTier:
         """Scan and evict when this node wrote a sixteenth of the cap since its last scan,
         or `SCAN_EVERY_S` passed since then and it wrote anything (other nodes write too:
         their share shows at the next scan)."""
-        if self._scanning:
-            return
-        now = trio.current_time()
-        step = self._max_bytes / 16
-        due = force or self._written_since_scan >= step
-        due = due or (self._written_since_scan > 0 and now - self._last_scan >= SCAN_EVERY_S)
-        if not due:
+        if self._scanning or not (force or self._due()):
             return
         self._scanning = True
         try:
-            self._last_scan = now
+            self._last_scan = trio.current_time()
             self._written_since_scan = 0
             listing = await self._access.run(
                 "scan",
@@ -371,6 +370,12 @@ class SharedTier:
             pass
         finally:
             self._scanning = False
+
+    def _due(self) -> bool:
+        if self._scanning or not self._written_since_scan:
+            return False
+        elapsed = trio.current_time() - self._last_scan
+        return self._written_since_scan >= self._max_bytes / 16 or elapsed >= SCAN_EVERY_S
 
     def _cap(self, listing: fmt.Listing) -> float:
         if self._requested_bytes != AUTO:
