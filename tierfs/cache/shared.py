@@ -317,11 +317,11 @@ class SharedTier:
         deadline = trio.current_time() + self._wait_s
         delay = self._poll_s
         while True:
-            try:
-                expiry = await self._access.run("claim", fmt.marker_expiry, marker)
+            try:  # one worker thread per poll: the marker, then whether the block is there
+                expiry, there = await self._access.run("claim", fmt.poll, marker, self._path(key))
             except Unavailable:
                 return None
-            data = await self._read(key)
+            data = await self._read(key) if there else None
             if data is not None:
                 self._counts["wait_hits"] += 1
                 self._counts["hits"] += 1

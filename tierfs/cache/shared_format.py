@@ -210,6 +210,13 @@ def marker_expiry(path: Path) -> float | None:
         return float("inf")
 
 
+def poll(marker: Path, path: Path) -> tuple[float | None, bool]:
+    """(the marker's expiry or None, whether the block file is there), in that order: the
+    marker goes only after the block is published, so "no marker, no block" means the
+    fetch it stood for failed."""
+    return marker_expiry(marker), os.path.exists(path)
+
+
 # --- eviction ----------------------------------------------------------------------------
 
 
