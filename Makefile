@@ -75,7 +75,7 @@ clean:
 # plain and through a GCS-shaped link. bench-quick: small sizes, under 3 minutes.
 BENCH_STAMP := $(VENV)/.bench-installed
 BENCH_PKGS := rclone fio
-.PHONY: bench bench-quick bench-deps
+.PHONY: bench bench-quick bench-deps bench-shared
 
 bench-deps: $(STAMP)
 	@missing=""; \
@@ -92,3 +92,7 @@ bench: bench-deps
 
 bench-quick: bench-deps
 	$(PY) -m benchmarks --quick
+
+# The shared tier (docs/shared-tier.md): 4 mounts restoring one 1 GiB checkpoint at once.
+bench-shared: bench-deps
+	$(PY) -m benchmarks.shared_restore --repeat 2

@@ -384,18 +384,41 @@ OPTIONS: tuple[Option, ...] = (
         "file-cache:enable-experimental-shared-chunk-cache",
         _B,
         False,
-        "Share one cache dir between mounts.",
+        "A cache tier several mounts (nodes) share, below the local tiers: blocks published "
+        "by write-then-rename into file-cache:shared-cache-dir (or cache-dir, which is then "
+        "not used for a local SSD tier), so one node's GCS fetch serves the others.",
         flag="enable-experimental-shared-chunk-cache",
-        **_A,
     ),
     _opt(
         "file-cache:shared-cache-chunk-size-mb",
         _I,
         8,
-        "Chunk size of the shared cache in MiB.",
+        "Block size of the shared cache in MiB; with the shared cache on it is the block "
+        "size of every tier (it replaces ram-cache:block-size-mb).",
         flag="file-cache-shared-cache-chunk-size-mb",
         minimum=1,
-        **_HA,
+        maximum=64,
+        hidden=True,
+    ),
+    _opt(
+        "file-cache:shared-cache-dir",
+        _P,
+        "",
+        "Directory of the shared cache, on a filesystem the nodes share (NFS, Filestore, "
+        "Lustre); empty: cache-dir. It must exist; one that cannot be reached only turns "
+        "the shared cache off for a while (a WARNING), never the mount.",
+        flag="file-cache-shared-cache-dir",
+        tierfs=True,
+    ),
+    _opt(
+        "file-cache:shared-cache-max-size-mb",
+        _I,
+        -1,
+        "Size cap of the shared cache in MiB, kept by each node evicting the least "
+        "recently used blocks; -1: the shared volume's free space less a margin; 0: off.",
+        flag="file-cache-shared-cache-max-size-mb",
+        tierfs=True,
+        **_ANY_SIZE,
     ),
     # -- ram-cache (tierfs) ------------------------------------------------------------------
     _opt(

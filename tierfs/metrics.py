@@ -40,7 +40,7 @@ log = logging.getLogger("tierfs.metrics")
 # Counters of `GcsBucket.statistics` (the rest are gauges), and gcsfuse's name for some.
 GAUGES = {"in_flight_peak"}
 GCSFUSE_NAMES = {"requests": "gcs_request_count", "bytes_read": "gcs_read_bytes_count"}
-TIER_GAUGES = {"used_bytes", "capacity_bytes", "entries", "files"}
+TIER_GAUGES = {"used_bytes", "capacity_bytes", "entries", "files", "known_blocks", "unavailable"}
 
 Snapshot = tuple[dict[str, Any], dict[str, OpLatency]]
 

@@ -19,7 +19,7 @@ import re
 import resource
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from mount_options import Config
 from tierfs import settings
 from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
+from tierfs.cache.shared import SharedTier
 from tierfs.cache.ssd import SsdTier
 from tierfs.cli.control import Handler, serve_control
 from tierfs.cli.fdmount import check_fd, fuse_fd
@@ -123,8 +124,11 @@ async def serve(
             owned.close()
 
 
-async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
-    """RAM, then the SSD file cache (when ``cache-dir`` is set and its size is not 0)."""
+async def tiers(
+    config: Config, limiter: trio.CapacityLimiter, background: Background | None = None
+) -> list[Tier]:
+    """RAM, then the SSD file cache (when ``cache-dir`` is set and its size is not 0), then
+    the shared tier (``enable-experimental-shared-chunk-cache``)."""
     wanted = settings.tiers(config)
     chain: list[Tier] = []
     if wanted.ram_bytes > 0:
@@ -141,7 +145,43 @@ async def tiers(config: Config, limiter: trio.CapacityLimiter) -> list[Tier]:
                 limiter=limiter,
             )
         )
+    shared = settings.shared(config)
+    if shared.enabled:
+        tier = SharedTier(
+            Path(shared.directory),
+            config.bucket,
+            shared.max_bytes,
+            block_size=wanted.block_bytes,
+            include=re.compile(wanted.include) if wanted.include else None,
+            exclude=re.compile(wanted.exclude) if wanted.exclude else None,
+            limiter=trio.CapacityLimiter(8),  # its own: a stalled share must not stall the SSD
+            background=_starter(background),
+        )
+        await tier.open()
+        chain.append(tier)
+    elif config["file-cache:enable-experimental-shared-chunk-cache"]:
+        log.warning(
+            "enable-experimental-shared-chunk-cache needs a directory (cache-dir or "
+            "file-cache:shared-cache-dir) and a size other than 0: no shared cache"
+        )
     return chain
+
+
+def _starter(
+    background: Background | None,
+) -> Callable[[Callable[[], Awaitable[None]]], bool] | None:
+    """For a tier: start a task in the mount's background if it runs (True), else False."""
+    if background is None:
+        return None
+    spawner = background
+
+    def start(fn: Callable[[], Awaitable[None]]) -> bool:
+        if not spawner.running:
+            return False
+        spawner.spawn(fn)
+        return True
+
+    return start
 
 
 def check_writable(directory: str) -> None:
@@ -172,8 +212,9 @@ async def _serve_mounted(
 ) -> None:
     mountpoint = config.mountpoint
     core = settings.filesystem(config, uid=os.getuid(), gid=os.getgid())
+    background, kernel = Background(), PyfuseKernel()
     try:
-        chain = await tiers(config, trio.CapacityLimiter(8))
+        chain = await tiers(config, trio.CapacityLimiter(8), background)
     except OSError as err:
         ready(f"cannot use cache-dir {config['cache-dir']}: {err.strerror or err}")
         return
@@ -195,7 +236,6 @@ async def _serve_mounted(
                 len(recovered.already_there),
                 len(recovered.conflicts),
             )
-    background, kernel = Background(), PyfuseKernel()
     blocks = blocks_for(config, bucket, chain)
     fs = Filesystem(
         bucket, core, blocks=blocks, journal=journal, background=background, kernel=kernel

@@ -74,7 +74,7 @@ def filesystem(config: Config, uid: int, gid: int) -> Settings:
         write_passthrough=config["write:passthrough"],
         max_streams=max_streams(config),
         stream_chunk_bytes=max(1, int(config["write:block-size-mb"] * 4)) << 18,  # 256 KiB
-        file_cache=file_cache_enabled(config.settings),
+        file_cache=file_cache_enabled(config.settings) or shared(config).enabled,
         cache_for_range_read=config["file-cache:cache-file-for-range-read"],
         passthrough=config["file-cache:passthrough"],
         slow_request_s=float(config["logging:slow-request-secs"]),
@@ -98,7 +98,7 @@ def read_ahead_bytes(config: Config) -> int:
     quarter of the RAM tier (prefetched blocks wait there; more would evict them unread)."""
     wanted = config["gcs-connection:sequential-read-size-mb"] << 20
     ram = config["ram-cache:max-size-mb"] << 20
-    block = config["ram-cache:block-size-mb"] << 20
+    block = block_bytes(config)
     return min(wanted, max(block, ram // 4)) if ram else wanted
 
 
@@ -154,12 +154,44 @@ class TierSettings(NamedTuple):
     exclude: str
 
 
+def block_bytes(config: Config) -> int:
+    """The block size of every tier: the shared cache's chunk size when it is on (all nodes
+    sharing it must agree; a block index means other bytes under another size)."""
+    if config["file-cache:enable-experimental-shared-chunk-cache"]:
+        return mib(config["file-cache:shared-cache-chunk-size-mb"])
+    return mib(config["ram-cache:block-size-mb"])
+
+
+class SharedSettings(NamedTuple):
+    """The shared tier: on or not, its directory, its cap (AUTO: the volume's free space)."""
+
+    enabled: bool
+    directory: str
+    max_bytes: int
+    in_cache_dir: bool  # cache-dir is the shared directory: no local SSD tier there
+
+
+def shared(config: Config) -> SharedSettings:
+    """gcsfuse's shared chunk cache: in ``file-cache:shared-cache-dir``, else (gcsfuse's
+    meaning of the option) in ``cache-dir``, which then holds no local SSD tier."""
+    own = config["file-cache:shared-cache-dir"]
+    directory = own or config["cache-dir"]
+    size_mb = config["file-cache:shared-cache-max-size-mb"]
+    on = config["file-cache:enable-experimental-shared-chunk-cache"]
+    return SharedSettings(
+        enabled=bool(on and directory and size_mb != 0),
+        directory=directory,
+        max_bytes=AUTO if size_mb < 0 else mib(size_mb),
+        in_cache_dir=bool(on and not own),
+    )
+
+
 def tiers(config: Config) -> TierSettings:
     size_mb = config["file-cache:max-size-mb"]
     return TierSettings(
-        block_bytes=mib(config["ram-cache:block-size-mb"]),
+        block_bytes=block_bytes(config),
         ram_bytes=max(0, mib(config["ram-cache:max-size-mb"])),
-        ssd=file_cache_enabled(config.settings),
+        ssd=file_cache_enabled(config.settings) and not shared(config).in_cache_dir,
         cache_dir=config["cache-dir"],
         ssd_bytes=AUTO if size_mb < 0 else mib(size_mb),
         include=config["file-cache:include-regex"],
@@ -178,7 +210,7 @@ def blocks(config: Config) -> BlockSettings:
     downloads = config["file-cache:max-parallel-downloads"]
     parallel = config["file-cache:enable-parallel-downloads"]
     return BlockSettings(
-        block_bytes=mib(config["ram-cache:block-size-mb"]),
+        block_bytes=block_bytes(config),
         downloads=math.inf if downloads < 0 else max(1, downloads),
         per_file=config["file-cache:parallel-downloads-per-file"] if parallel else 1,
         check_crc=config["file-cache:enable-crc"],
@@ -200,7 +232,7 @@ def writeback_root(config: Config) -> tuple[str, str]:
 def local_directories(config: Config) -> list[tuple[str, str]]:
     """(option, directory) of every local directory this mount will write in."""
     wanted = [("temp-dir", config["file-system:temp-dir"] or tempfile.gettempdir())]
-    if file_cache_enabled(config.settings):
+    if tiers(config).ssd:  # (a shared directory may be unreachable: the mount goes on)
         wanted.append(("cache-dir", config["cache-dir"]))
     if config["write:write-back"]:
         wanted.append(writeback_root(config))

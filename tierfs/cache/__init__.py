@@ -6,7 +6,8 @@ so a new generation is simply a new key and nothing is ever invalidated: old
 blocks age out (DESIGN decision 2). All blocks of one chain have the same
 size (``ram-cache:block-size-mb``); the last block of an object is shorter.
 
-The chain is RAM (`ram.RamTier`) then SSD (`ssd.SsdTier`); the reader asks
+The chain is RAM (`ram.RamTier`), then SSD (`ssd.SsdTier`), then, on a directory
+several nodes share, `shared.SharedTier`; the reader asks
 them in order, copies a hit up to the faster tiers, and fetches a miss from
 GCS itself: tiers never call GCS. A tier that fails is logged and counted as
 a miss, never an error to the user.
@@ -83,6 +84,16 @@ class Tier(Protocol):
 
     async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
         """A pinned file of a sealed whole object the kernel may read directly, or None."""
+        ...
+
+    async def fetching(self, key: BlockKey) -> bytes | None:
+        """A block download from GCS is about to start: a tier other nodes share may claim
+        it (so they wait instead of fetching it too), or wait for another node's claim and
+        answer the block. None: go ahead, and call `fetched` after (stored or not)."""
+        ...
+
+    async def fetched(self, key: BlockKey) -> None:
+        """The download `fetching` let go ahead is over; drop its claim."""
         ...
 
     def unpin(self, pinned: Passthrough) -> None:

@@ -156,6 +156,12 @@ class RamTier:
     async def passthrough(self, name: str, generation: int, size: int) -> None:
         return None
 
+    async def fetching(self, key: BlockKey) -> None:
+        return None  # no other node shares this tier
+
+    async def fetched(self, key: BlockKey) -> None:
+        pass
+
     def unpin(self, pinned: object) -> None:
         pass
 

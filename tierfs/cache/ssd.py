@@ -389,6 +389,12 @@ class SsdTier(_Seals, _Budget):
             self._forget(stem)
         await self._delete(self._drops(stems, whole=True))
 
+    async def fetching(self, key: BlockKey) -> None:
+        return None  # no other node shares this tier
+
+    async def fetched(self, key: BlockKey) -> None:
+        pass
+
     def statistics(self) -> dict[str, int]:
         return {
             "hits": self._hits,

@@ -144,6 +144,15 @@ def render_statistics(data: dict[str, Any]) -> str:
             f"{_size(tier.get('used_bytes', 0)):>12}{_size(tier.get('capacity_bytes', 0)):>12}"
             f"{tier.get('evictions', 0):>9}{tier.get('corrupt', 0):>9}{tier.get('errors', 0):>8}"
         )
+    shared = blocks["tiers"].get("shared")
+    if shared is not None:
+        aside = "   (stepped aside now)" if shared.get("unavailable") else ""
+        lines.append(
+            f"shared      waits {shared.get('waits', 0)}   served after a wait "
+            f"{shared.get('wait_hits', 0)}   waits timed out {shared.get('wait_timeouts', 0)}   "
+            f"evicted {_size(shared.get('evicted_bytes', 0))}   outages "
+            f"{shared.get('outages', 0)}{aside}"
+        )
     if not blocks["tiers"]:
         lines.append("(no data tiers: ram-cache:max-size-mb is 0 and the file cache is off)")
     lines += [

@@ -200,17 +200,38 @@ class Blocks:
         return None
 
     async def _download(self, key: BlockKey, object_size: int) -> bytes:
-        offset = key.index * self.block_size
-        length = max(0, min(self.block_size, object_size - offset))
-        async with self.downloads, self._memory_for(length):
-            data = await self.bucket.read(
-                key.name, generation=key.generation, offset=offset, length=length
-            )
-        self.gcs_blocks += 1
-        self.gcs_bytes += len(data)
-        for tier in self.tiers:
-            await self._put(tier, key, data)
-        return data
+        """From GCS into every tier; first a tier shared with other nodes may claim the
+        download (they wait for our copy) or hand over another node's (we wait for it)."""
+        for level, tier in enumerate(self.tiers):
+            try:
+                data = await tier.fetching(key)
+            except Exception as err:
+                self.tier_errors += 1
+                log.warning("%s tier failed to claim %s: %s", tier.name, key, err)
+                continue
+            if data is not None:
+                for faster in self.tiers[:level]:
+                    await self._put(faster, key, data)
+                return data
+        try:
+            offset = key.index * self.block_size
+            length = max(0, min(self.block_size, object_size - offset))
+            async with self.downloads, self._memory_for(length):
+                data = await self.bucket.read(
+                    key.name, generation=key.generation, offset=offset, length=length
+                )
+            self.gcs_blocks += 1
+            self.gcs_bytes += len(data)
+            for tier in self.tiers:
+                await self._put(tier, key, data)
+            return data
+        finally:
+            for tier in self.tiers:
+                try:
+                    await tier.fetched(key)
+                except Exception as err:
+                    self.tier_errors += 1
+                    log.warning("%s tier failed to release %s: %s", tier.name, key, err)
 
     @contextlib.asynccontextmanager
     async def _memory_for(self, length: int) -> AsyncIterator[None]:
@@ -271,19 +292,21 @@ class Blocks:
         self._unsealed[job] = size
         self.fills += 1
         try:
-            # The slowest tier is where the object is meant to end up; blocks it already
-            # holds are not read at all (reading a cached object whole into RAM would only
-            # push out the blocks its reader is about to use).
-            keep = self.tiers[-1]
+            # The persistent tiers (SSD, shared) are where the object is meant to end up
+            # (else the slowest); blocks they all hold already are not read at all (reading
+            # a cached object whole into RAM would only push out the blocks its reader is
+            # about to use).
+            keep = [tier for tier in self.tiers if tier.persistent] or self.tiers[-1:]
             keys = [BlockKey(name, generation, i) for i in range(self.blocks_of(size))]
-            missing = [key for key in keys if not keep.holds(key)]
+            missing = [key for key in keys if not all(tier.holds(key) for tier in keep)]
             todo = iter(missing)
 
             async def worker() -> None:
                 for key in todo:
                     data = await self.get(key, size)
-                    if not keep.holds(key):  # a hit in a faster tier: store it down too
-                        await self._put(keep, key, data)
+                    for tier in keep:
+                        if not tier.holds(key):  # a hit in another tier: store it here too
+                            await self._put(tier, key, data)
 
             async with trio.open_nursery() as nursery:
                 for _ in range(min(self.per_file, len(keys))):
