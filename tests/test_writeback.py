@@ -808,3 +808,24 @@ async def test_pending_deletes_answer_as_a_scan_of_them_would(seed: int) -> None
             model = [p for p in live if not probe or p == probe or p.startswith(probe + "/")]
             assert pending.busy(probe) == bool(model)
             assert sorted(d.path for d in pending.below(probe)) == sorted(model)
+
+
+async def test_rmdir_of_a_directory_made_here_that_the_kernel_forgot_deletes_its_placeholder(
+    live_fs: Filesystem, bucket: MemoryBucket
+) -> None:
+    """The kernel forgets inodes whenever it likes (``drop_caches``, memory pressure: on a
+    busy machine, several times in a minute), and the core lets go of an uploaded one. The
+    inode the next lookup makes knows no generation, yet the placeholder is in GCS: rmdir
+    must still delete it, or the directory comes back in every later listing (seen in the
+    fault model: ``n61``, ``n85``, ``n104`` listed after their rmdir)."""
+    fs = live_fs
+    made = await fs.mkdir(ROOT_INO, "n61")
+    await fs.sync_all()
+    assert bucket.names() == ["n61/"]
+    fs.forget(made.ino, made.lookups)
+    assert fs.inodes.current("n61") is None
+    again = await fs.lookup(ROOT_INO, "n61")
+    assert again is not made
+    await fs.rmdir(ROOT_INO, "n61")
+    assert bucket.names() == []
+    assert await fs._list(fs.inodes[ROOT_INO]) == []

@@ -10,6 +10,7 @@ A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from tierfs.core.handles import DirHandle
@@ -23,6 +24,8 @@ if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loos
     from typing import Any as _Base
 else:
     _Base = object
+
+log = logging.getLogger("tierfs.fs")
 
 
 class Directories(_Base):
@@ -203,8 +206,19 @@ class Directories(_Base):
             ):
                 raise NotEmpty(path)
         async with self._lock(inode):  # (its placeholder may be uploading)
+            # Made here, its placeholder is not in GCS only while it is still a journal
+            # record. (Not `inode.generation`: an inode made again after the kernel forgot
+            # the first, by a lookup or a listing, knows none, yet the placeholder is there.)
+            in_gcs = owned is None or not inode.local_only
+            log.debug(
+                "rmdir %s: placeholder %s (generation %d, %s)",
+                path,
+                "in GCS" if in_gcs else "a journal record only",
+                inode.generation,
+                "made here" if owned is not None else "not made here",
+            )
             self._drop_staged(inode)
-            if owned is None or inode.generation:
+            if in_gcs:
                 try:
                     await self.bucket.delete(placeholder)
                 except NotFound:
