@@ -831,6 +831,32 @@ async def test_rmdir_of_a_directory_made_here_that_the_kernel_forgot_deletes_its
     assert await fs._list(fs.inodes[ROOT_INO]) == []
 
 
+class SendsWhatItReads(MemoryBucket):
+    """Takes the file's checksum, then reads the body, as GcsBucket does; stores what
+    it read, as the emulator does."""
+
+    during_send: Callable[[], Awaitable[None]] | None = None
+
+    async def write_file(self, name: str, path: str, **kwargs: Any) -> Any:
+        declared = await trio.Path(path).read_bytes()
+        if self.during_send is None:
+            return await super().write_file(name, path, **kwargs)
+        hook, self.during_send = self.during_send, None
+        await hook()
+        now = await trio.Path(path).read_bytes()
+        half = len(declared) // 2
+        body = declared[:half] + now[half : len(declared)]  # its size was taken first
+        info = await self._write(
+            "write_file",
+            name,
+            body,
+            kwargs["if_generation_match"],
+            kwargs.get("metadata"),
+            kwargs.get("content_type"),
+        )
+        raise UploadedOtherBytes(f"gs://wb/{name}: other bytes", info.generation)
+
+
 async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_what_it_made(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
@@ -842,31 +868,6 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
     while GCS keeps the mix (seen in the fault model: a read of ``d/b`` returned half of
     an older version, after 'GCS holds other bytes than were sent' and a conflict)."""
     old, new = b"o" * 4000, b"n" * 6000
-
-    class SendsWhatItReads(MemoryBucket):
-        """Takes the file's checksum, then reads the body, as GcsBucket does; stores what
-        it read, as the emulator does."""
-
-        during_send: Callable[[], Awaitable[None]] | None = None
-
-        async def write_file(self, name: str, path: str, **kwargs: Any) -> Any:
-            declared = await trio.Path(path).read_bytes()
-            if self.during_send is None:
-                return await super().write_file(name, path, **kwargs)
-            hook, self.during_send = self.during_send, None
-            await hook()
-            now = await trio.Path(path).read_bytes()
-            half = len(declared) // 2
-            body = declared[:half] + now[half : len(declared)]  # its size was taken first
-            info = await self._write(
-                "write_file",
-                name,
-                body,
-                kwargs["if_generation_match"],
-                kwargs.get("metadata"),
-                kwargs.get("content_type"),
-            )
-            raise UploadedOtherBytes(f"gs://wb/{name}: other bytes", info.generation)
 
     bucket = SendsWhatItReads("wb")
     fs = Filesystem(
@@ -893,4 +894,35 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
     handle = await fs.open((await fs.lookup(ROOT_INO, "b")).ino, os.O_RDONLY)
     assert bytes(await fs.read(handle.fh, 0, 10_000)) == new
     await fs.release(handle.fh)
+    fs.close()
+
+
+async def test_a_file_unlinked_before_the_retry_of_an_upload_that_sent_other_bytes_is_deleted(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """The object such an upload made (see above) is in GCS even though the upload failed:
+    an unlink before the retry deletes it (it stayed, and was listed after the unlink)."""
+    bucket = SendsWhatItReads("wb")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    fs.background = Background(nursery)
+    ino = await write_new(fs, "c", b"o" * 4000)
+    opened: list[int] = []
+
+    async def rewrite() -> None:  # the writer's open and write; its close comes later
+        handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+        await fs.write(handle.fh, 0, b"n" * 6000)
+        opened.append(handle.fh)
+
+    bucket.during_send = rewrite
+    assert not await fs._upload_in_background(fs.inodes[ino])  # to be retried
+    assert bucket.names() == ["c"]
+    await fs.unlink(ROOT_INO, "c")
+    await fs.release(opened[0])
+    nursery.start_soon(fs.run_uploads, 2, 0.05)
+    await deletes_done(fs)
+    await settle(fs)
+    assert bucket.names() == []
+    assert await fs._list(fs.inodes[ROOT_INO]) == []
     fs.close()
