@@ -831,6 +831,45 @@ async def test_rmdir_of_a_directory_made_here_that_the_kernel_forgot_deletes_its
     assert await fs._list(fs.inodes[ROOT_INO]) == []
 
 
+async def test_a_directory_uploaded_and_let_go_of_while_its_parent_is_listed_is_listed(
+    tmp_path: Path,
+) -> None:
+    """A directory made here whose placeholder goes up while its parent's listing is on its
+    way is not in that listing (GCS answered before), so the listing counts what was local
+    when it was sent. If the kernel has forgotten the directory meanwhile (``drop_caches``),
+    the core lets go of its inode the moment the upload ends: it must still be listed
+    (seen in the fault model: ``e`` missing from the root listing right after the kernel
+    forgot ``d``, ``e`` and ``e/f``)."""
+
+    class UploadsDuringLists(MemoryBucket):
+        during_list: Callable[[], Awaitable[None]] | None = None
+
+        async def list(self, *args: Any, **kwargs: Any) -> Any:
+            listing = await super().list(*args, **kwargs)
+            hook, self.during_list = self.during_list, None
+            if hook is not None:
+                await hook()
+            return listing
+
+    bucket = UploadsDuringLists("wb")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    made = await fs.mkdir(ROOT_INO, "e")
+    fs.forget(made.ino, made.lookups)  # kept while its placeholder is only a record
+
+    async def upload() -> None:
+        await fs._upload_in_background(made)
+        assert bucket.names() == ["e/"]
+
+    bucket.during_list = upload
+    assert [name for name, _ in await fs._list(fs.inodes[ROOT_INO])] == ["e"]
+    assert [name for name, _ in await fs._list(fs.inodes[ROOT_INO])] == ["e"]
+    await fs.rmdir(ROOT_INO, "e")
+    assert bucket.names() == [] and await fs._list(fs.inodes[ROOT_INO]) == []
+    fs.close()
+
+
 class SendsWhatItReads(MemoryBucket):
     """Takes the file's checksum, then reads the body, as GcsBucket does; stores what
     it read, as the emulator does."""

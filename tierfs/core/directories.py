@@ -117,11 +117,15 @@ class Directories(_Base):
             ]
         local = self._local_children(directory.path)
         current, now_local = self.inodes.current, {id(inode) for inode in local}
-        local += [  # uploaded while the listing was on its way, and still here
-            inode
-            for inode in local_before
-            if not inode.unlinked and current(inode.path) is inode and id(inode) not in now_local
-        ]
+        for inode in local_before:  # uploaded while the listing was on its way
+            if inode.unlinked or id(inode) in now_local or inode.parent_path != directory.path:
+                continue  # removed, still local (counted), or moved elsewhere
+            if current(inode.path) is None:
+                # Let go of as its upload ended (the kernel had forgotten it): still there,
+                # and this listing is all that can say so.
+                self.inodes.restore(inode)
+            if current(inode.path) is inode:
+                local.append(inode)
         if not local:
             return entries
         seen = {name for name, _ in entries}
@@ -228,4 +232,5 @@ class Directories(_Base):
         self._entries_changed(path)
         self.pending_deletes.dir_removed(path)
         self._emptied.pop(path, None)
+        inode.unlinked = True  # (as a file's unlink: a listing under way must not show it)
         self.inodes.detach(inode)
