@@ -831,6 +831,20 @@ async def test_rmdir_of_a_directory_made_here_that_the_kernel_forgot_deletes_its
     assert await fs._list(fs.inodes[ROOT_INO]) == []
 
 
+class UploadsDuringLists(MemoryBucket):
+    """Runs ``during_list`` once an answer is taken and before it is returned: what ends
+    then is not in the answer, as over a slow link."""
+
+    during_list: Callable[[], Awaitable[None]] | None = None
+
+    async def list(self, *args: Any, **kwargs: Any) -> Any:
+        listing = await super().list(*args, **kwargs)
+        hook, self.during_list = self.during_list, None
+        if hook is not None:
+            await hook()
+        return listing
+
+
 async def test_a_directory_uploaded_and_let_go_of_while_its_parent_is_listed_is_listed(
     tmp_path: Path,
 ) -> None:
@@ -840,16 +854,6 @@ async def test_a_directory_uploaded_and_let_go_of_while_its_parent_is_listed_is_
     the core lets go of its inode the moment the upload ends: it must still be listed
     (seen in the fault model: ``e`` missing from the root listing right after the kernel
     forgot ``d``, ``e`` and ``e/f``)."""
-
-    class UploadsDuringLists(MemoryBucket):
-        during_list: Callable[[], Awaitable[None]] | None = None
-
-        async def list(self, *args: Any, **kwargs: Any) -> Any:
-            listing = await super().list(*args, **kwargs)
-            hook, self.during_list = self.during_list, None
-            if hook is not None:
-                await hook()
-            return listing
 
     bucket = UploadsDuringLists("wb")
     fs = Filesystem(
@@ -964,4 +968,38 @@ async def test_a_file_unlinked_before_the_retry_of_an_upload_that_sent_other_byt
     await settle(fs)
     assert bucket.names() == []
     assert await fs._list(fs.inodes[ROOT_INO]) == []
+    fs.close()
+
+
+async def test_a_listing_older_than_an_upload_that_ended_meanwhile_keeps_the_new_generation(
+    tmp_path: Path,
+) -> None:
+    """A file rewritten here is local when its parent's listing is sent, and its upload
+    ends before the answer comes: the answer names the old generation, and made the
+    file's inode that one again, so a read gave ESTALE or, from a block of the old
+    generation kept in a tier, the old bytes. What was local when the listing was sent is
+    listed from what the mount knows."""
+    bucket = UploadsDuringLists("wb")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    ino = await write_new(fs, "x", b"1" * 100)
+    await fs.sync_all()
+    old = (await bucket.stat("x")).generation
+    handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+    await fs.write(handle.fh, 0, b"2" * 200)
+    await fs.release(handle.fh)
+
+    async def upload() -> None:
+        assert await fs._upload_in_background(fs.inodes[ino])
+
+    bucket.during_list = upload
+    [(name, listed)] = await fs._list(fs.inodes[ROOT_INO])
+    new = (await bucket.stat("x")).generation
+    assert new != old
+    assert (name, listed.ino, listed.generation, fs.attr(listed).size) == ("x", ino, new, 200)
+    assert fs.inodes.current("x") is listed
+    handle = await fs.open(listed.ino, os.O_RDONLY)
+    assert bytes(await fs.read(handle.fh, 0, 1000)) == b"2" * 200
+    await fs.release(handle.fh)
     fs.close()
