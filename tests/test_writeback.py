@@ -1003,3 +1003,43 @@ async def test_a_listing_older_than_an_upload_that_ended_meanwhile_keeps_the_new
     assert bytes(await fs.read(handle.fh, 0, 1000)) == b"2" * 200
     await fs.release(handle.fh)
     fs.close()
+
+
+async def test_a_directory_renamed_here_is_listed_while_it_moves_though_the_kernel_forgot_it(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """While a background rename moves a directory's objects, the parent's listing adds the
+    new name from the inode table: if the kernel forgot the directory meanwhile, the core had
+    let go of its inode, and the name was in neither GCS (nothing copied yet) nor the table
+    (a mount test listed an empty root right after ``rename t final``)."""
+
+    class HeldMoves(MemoryBucket):
+        """The move's first step (listing the old prefix whole) waits for ``go``."""
+
+        go = trio.Event()
+
+        async def list(self, prefix: str, **kwargs: Any) -> Any:
+            if kwargs.get("delimiter", "/") is None and prefix == "t/":
+                await self.go.wait()
+            return await super().list(prefix, **kwargs)
+
+    bucket = HeldMoves("wb")
+    bucket.go = trio.Event()
+    for name in ("t/", "t/a"):
+        bucket.put(name, b"a")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    fs.background = Background(nursery)
+    t = await fs.lookup(ROOT_INO, "t")
+    await fs.rename(ROOT_INO, "t", ROOT_INO, "final")
+    assert fs.pending_moves
+    fs.forget(t.ino, t.lookups)
+    assert [name for name, _ in await fs._list(fs.inodes[ROOT_INO])] == ["final"]
+    final = await fs.lookup(ROOT_INO, "final")
+    assert [name for name, _ in await fs._list(final)] == ["a"]
+    bucket.go.set()
+    await fs.sync_all()
+    assert not fs.pending_moves and sorted(bucket.names()) == ["final/", "final/a"]
+    assert [name for name, _ in await fs._list(fs.inodes[ROOT_INO])] == ["final"]
+    fs.close()
