@@ -61,9 +61,15 @@ def run_sequence(root: Path, seed: int, faults: Faults | None = None) -> tuple[M
     and which it was."""
     rng = random.Random(seed)
     model = Model()
+    history: dict[str, list[str]] = {}  # name -> what each step did to it, for a failure
+
+    def did(name: str, what: str) -> None:
+        history.setdefault(name, []).append(what)
+
     for directory in ("d", "e", "e/f"):
         os.mkdir(root / directory)
         model.dirs.add(directory)
+        did(directory, "mkdir at the start")
     slowest, slowest_step = 0.0, ""
 
     def pick_file() -> str:
@@ -102,6 +108,7 @@ def run_sequence(root: Path, seed: int, faults: Faults | None = None) -> tuple[M
                 data = rng.randbytes(rng.randint(0, 200_000))
                 (root / path).write_bytes(data)
                 model.files[path] = data
+                did(path, f"step {step}: write {_digest(data)}")
             elif kind == "overwrite" and path in model.files:
                 offset = rng.randint(0, len(model.files[path]) + 1000)
                 data = rng.randbytes(rng.randint(1, 50_000))
@@ -111,42 +118,70 @@ def run_sequence(root: Path, seed: int, faults: Faults | None = None) -> tuple[M
                 old = model.files[path]
                 grown = old + b"\0" * max(0, offset - len(old))
                 model.files[path] = grown[:offset] + data + grown[offset + len(data) :]
+                did(
+                    path,
+                    f"step {step}: overwrite {len(data)} at {offset}: {_digest(model.files[path])}",
+                )
             elif kind == "truncate" and path in model.files:
                 size = rng.randint(0, len(model.files[path]) + 1000)
                 os.truncate(root / path, size)
                 old = model.files[path]
                 model.files[path] = old[:size] + b"\0" * max(0, size - len(old))
+                did(path, f"step {step}: truncate to {size}: {_digest(model.files[path])}")
             elif kind == "unlink" and path in model.files:
                 os.unlink(root / path)
                 del model.files[path]
+                did(path, f"step {step}: unlink")
             elif kind == "rename" and path in model.files:
                 target = pick_file()
                 if target != path:
                     os.rename(root / path, root / target)
                     model.files[target] = model.files.pop(path)
+                    did(path, f"step {step}: renamed to {target}")
+                    did(target, f"step {step}: renamed from {path}: {_digest(model.files[target])}")
             elif kind == "read":
                 for name, data in model.files.items():
-                    assert (root / name).read_bytes() == data, f"{where}: bytes of {name}"
+                    got_bytes = (root / name).read_bytes()
+                    assert got_bytes == data, (
+                        f"{where}: bytes of {name}: read {_digest(got_bytes)}, expected "
+                        f"{_digest(data)}; its history: {history.get(name)}"
+                    )
             elif kind == "list":
                 for directory in ["", *model.dirs]:
                     got = set(os.listdir(root / directory))
-                    assert got == model.children(directory), f"{where}: listing of {directory!r}"
+                    expected = model.children(directory)
+                    assert got == expected, (
+                        f"{where}: listing of {directory!r}; histories of the names that "
+                        f"differ: {_histories(history, directory, got ^ expected)}"
+                    )
             elif kind == "mkdir":
                 new = f"{rng.choice(DIRS)}/n{step}".lstrip("/")
                 os.mkdir(root / new)
                 model.dirs.add(new)
+                did(new, f"step {step}: mkdir")
             elif kind == "rmdir":
                 empty = sorted(d for d in model.dirs if not model.children(d) and d not in DIRS)
                 if empty:
                     victim = rng.choice(empty)
                     os.rmdir(root / victim)
                     model.dirs.discard(victim)
+                    did(victim, f"step {step}: rmdir")
         except OSError as err:
             pytest.fail(f"{where}: {err!r} (a fault reached the user)")
         took = time.monotonic() - started
         if took > slowest:
             slowest, slowest_step = took, where
     return model, slowest, slowest_step
+
+
+def _digest(data: bytes) -> str:
+    """Enough of some bytes to tell versions apart in a message."""
+    return f"{len(data)} bytes {data[:4].hex()}..{data[-4:].hex()}"
+
+
+def _histories(history: dict[str, list[str]], directory: str, names: set[str]) -> dict:
+    prefix = directory + "/" if directory else ""
+    return {name: history.get(prefix + name) for name in sorted(names)}
 
 
 @pytest.mark.parametrize(("mode", "seed"), RUNS)

@@ -35,6 +35,7 @@ from tierfs.errors import (
     InvalidName,
     NotFound,
     PreconditionFailed,
+    UploadedOtherBytes,
 )
 from tierfs.storage import STAT_KEYS, Bucket, Listing
 from tierfs.storage.gcs import NO_CREDENTIALS, GcsBucket, RetrySettings
@@ -899,6 +900,38 @@ async def test_objects_made_by_other_clients_are_listed(
         assert (names_of(listing), listing.prefixes) == (["new\nline"], ("dir/",))
         info = listing.objects[0]
         assert await gcs.read("new\nline", generation=info.generation, offset=0, length=9) == b"1"
+    finally:
+        gcs.close()
+
+
+async def test_a_file_changed_while_it_is_sent_names_the_generation_it_made(
+    emulator: Emulator, bucket_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checksum is taken, then the body read as it is sent: a file written meanwhile
+    sends other bytes. The emulator stores them (GCS would refuse the body): the error
+    names the generation made, which is the writer's to replace (`Staged.upload`)."""
+    from tierfs.storage import gcs_upload
+
+    path = tmp_path / "f"
+    path.write_bytes(b"a" * 1000)
+
+    class Rewritten(gcs_upload._FileBody):
+        def __init__(self, head: bytes, fd: int, size: int, tail: bytes) -> None:
+            path.write_bytes(b"b" * size)  # a write between the checksum and the send
+            super().__init__(head, fd, size, tail)
+
+    monkeypatch.setattr(gcs_upload, "_FileBody", Rewritten)
+    gcs = GcsBucket.connect(bucket_name, endpoint=emulator.endpoint, anonymous=True)
+    try:
+        with pytest.raises(UploadedOtherBytes) as caught:
+            await gcs.write_file("f", str(path), if_generation_match=0)
+        assert (await gcs.stat("f")).generation == caught.value.generation
+        info = await gcs.write_file(
+            "f", str(path), if_generation_match=caught.value.generation
+        )  # replaced, the precondition being that generation
+        assert await gcs.read("f", generation=info.generation, offset=0, length=2000) == (
+            b"b" * 1000
+        )
     finally:
         gcs.close()
 

@@ -92,6 +92,17 @@ class BackendError(TierfsError):
     errno = errno.EIO
 
 
+class UploadedOtherBytes(BackendError):
+    """An upload made ``generation``, but of other bytes than the file held when its
+    checksum was taken: the file changed while it was sent, and the server stored what it
+    got (GCS refuses a body whose CRC32C is not the one declared; the emulator does not).
+    That generation is the uploader's own: its next upload replaces it."""
+
+    def __init__(self, message: str, generation: int) -> None:
+        super().__init__(message)
+        self.generation = generation
+
+
 def root_cause(error: BaseException) -> BaseException:
     """The error that matters inside trio's exception groups: the first tierfs error, else
     the first leaf. A lookup runs its GCS requests in a nursery, so a 403 arrives wrapped."""

@@ -10,6 +10,7 @@ A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from tierfs.core.handles import DirHandle
@@ -23,6 +24,8 @@ if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loos
     from typing import Any as _Base
 else:
     _Base = object
+
+log = logging.getLogger("tierfs.fs")
 
 
 class Directories(_Base):
@@ -80,6 +83,10 @@ class Directories(_Base):
         # so the state from before the request counts too. (Measured: a listing stalled 3 s
         # on a faulty link lost a directory whose placeholder went up meanwhile.)
         local_before = self._local_children(directory.path)
+        # GCS's answer about those is older than what this mount knows: they are listed
+        # from local state below (an answer naming the generation an upload that ended
+        # meanwhile replaced made the inode that one again: ESTALE, or a tier's old bytes).
+        paths_before = {inode.path for inode in local_before}
         hidden_before = self.pending_deletes.hidden_in(directory.path)
         source = self.pending_moves.source_of(directory.path) if self.pending_moves else None
         old = None
@@ -90,9 +97,12 @@ class Directories(_Base):
         listing = await self.names.list_dir(directory.path, fresh=old is not None)
         entries = self._reuse_listed(directory.path, listing)
         if entries is None:
-            entries = []
+            entries, skipped = [], False
             for part in listing.dirs:
                 path = self.names.child_path(directory.path, part)
+                if path in paths_before:
+                    skipped = True
+                    continue
                 inode = self.inodes.current(path)
                 if inode is None or inode.kind is not Kind.DIR:
                     inode = self.inodes.make(
@@ -101,8 +111,13 @@ class Directories(_Base):
                 entries.append((part, inode))
             for entry_name, info in listing.files:
                 path = self.names.child_path(directory.path, entry_name)
+                if path in paths_before:
+                    skipped = True
+                    continue
                 entries.append((entry_name, await self._file_inode(path, info)))
-            if self.names.listings is not None and not self.pending_moves:
+            if self.names.listings is not None and not self.pending_moves and not skipped:
+                # (Not with names left out: reused once they are no longer local, it would
+                # lack them.)
                 paths = [inode.path for _, inode in entries]  # (else a new object each time)
                 self._listed[directory.path] = (listing, entries, paths)
         if self.pending_moves:
@@ -114,11 +129,18 @@ class Directories(_Base):
             ]
         local = self._local_children(directory.path)
         current, now_local = self.inodes.current, {id(inode) for inode in local}
-        local += [  # uploaded while the listing was on its way, and still here
-            inode
-            for inode in local_before
-            if not inode.unlinked and current(inode.path) is inode and id(inode) not in now_local
-        ]
+        for inode in local_before:  # uploaded while the listing was on its way
+            if inode.unlinked or id(inode) in now_local or inode.parent_path != directory.path:
+                continue  # removed, still local (counted), or moved elsewhere
+            now = current(inode.path)
+            if now is None:
+                # Let go of as its upload ended (the kernel had forgotten it): still there,
+                # and this listing is all that can say so.
+                self.inodes.restore(inode)
+                now = inode
+            if id(now) not in now_local:  # (or the inode its path has now)
+                now_local.add(id(now))
+                local.append(now)
         if not local:
             return entries
         seen = {name for name, _ in entries}
@@ -203,8 +225,19 @@ class Directories(_Base):
             ):
                 raise NotEmpty(path)
         async with self._lock(inode):  # (its placeholder may be uploading)
+            # Made here, its placeholder is not in GCS only while it is still a journal
+            # record. (Not `inode.generation`: an inode made again after the kernel forgot
+            # the first, by a lookup or a listing, knows none, yet the placeholder is there.)
+            in_gcs = owned is None or not inode.local_only
+            log.debug(
+                "rmdir %s: placeholder %s (generation %d, %s)",
+                path,
+                "in GCS" if in_gcs else "a journal record only",
+                inode.generation,
+                "made here" if owned is not None else "not made here",
+            )
             self._drop_staged(inode)
-            if owned is None or inode.generation:
+            if in_gcs:
                 try:
                     await self.bucket.delete(placeholder)
                 except NotFound:
@@ -214,4 +247,5 @@ class Directories(_Base):
         self._entries_changed(path)
         self.pending_deletes.dir_removed(path)
         self._emptied.pop(path, None)
+        inode.unlinked = True  # (as a file's unlink: a listing under way must not show it)
         self.inodes.detach(inode)

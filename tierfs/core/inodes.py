@@ -132,6 +132,13 @@ class InodeTable:
             self._unset(inode.path)
         self._maybe_drop(inode)
 
+    def restore(self, inode: Inode) -> None:
+        """Make ``inode`` its path's current inode again, if the path has none: one let go
+        of because nothing held it, which a listing under way still has to show."""
+        if inode.path not in self.by_path:
+            self.by_ino[inode.ino] = inode
+            self._set(inode.path, inode)
+
     def move(self, inode: Inode, new_path: str) -> None:
         """Rename: ``inode`` (and, for a directory, every inode below it) gets a new path."""
         old_path = inode.path

@@ -129,6 +129,7 @@ class Lookups(_Base):
                     return current
                 return self.inodes.make(Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns)
             if current is not None:
+                log.debug("%s: GCS has nothing there; inode %d let go", path, current.ino)
                 self.inodes.detach(current)
             return None
         if found.is_dir:
@@ -166,6 +167,14 @@ class Lookups(_Base):
         current = self.inodes.current(path)
         if current is not None and (current.local_only or current.staged is not None):
             return current
+        if current is not None:
+            log.debug(
+                "%s: GCS has generation %d; inode %d (generation %d) replaced",
+                path,
+                info.generation,
+                current.ino,
+                current.generation,
+            )
         return self.inodes.make(
             kind,
             path,

@@ -105,7 +105,11 @@ class Renames(_Base):
                     seen.add(entry_name)
         for destination in moves.destinations_in(directory.path):
             inode = self.inodes.current(destination)
-            if inode is not None and inode.name not in seen:
+            if inode is None:  # let go of (the kernel forgot it): the rename made it all the same
+                inode = self.inodes.make(
+                    Kind.DIR, destination, mtime_ns=self.inodes[ROOT_INO].mtime_ns, placeholder=True
+                )
+            if inode.name not in seen:
                 entries.append((inode.name, inode))
                 seen.add(inode.name)
         return entries

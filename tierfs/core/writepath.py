@@ -28,7 +28,7 @@ from tierfs.core.namespace import Found
 from tierfs.core.streaming import Stream
 from tierfs.core.writeback import SPARE_FILES, Record
 from tierfs.core.writer import MTIME_KEY, Staged, format_mtime
-from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.errors import NotFound, PreconditionFailed, UploadedOtherBytes
 from tierfs.storage import ObjectInfo
 
 log = logging.getLogger("tierfs.fs")
@@ -353,6 +353,11 @@ class WritePath(_Base):
         assert staged is not None
         try:
             info = await self._send(inode, staged, object_name)
+        except UploadedOtherBytes as err:
+            # In GCS now, if not these bytes (`Staged.upload` replaces it next): an unlink
+            # or a rename meanwhile must know that an object is there.
+            inode.generation = err.generation
+            raise
         except PreconditionFailed:
             if inode.kind is Kind.DIR:  # another client made this directory too: it exists
                 info = await self.bucket.stat(object_name)

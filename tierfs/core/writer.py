@@ -35,6 +35,7 @@ from collections.abc import Mapping
 import trio
 
 from tierfs.core.writeback import Journal
+from tierfs.errors import UploadedOtherBytes
 from tierfs.storage import Bucket, ObjectInfo
 
 COPY_CHUNK_BYTES = 8 << 20
@@ -163,13 +164,20 @@ class Staged:
     ) -> ObjectInfo:
         """Upload the whole file as a new generation; `PreconditionFailed` if clobbered."""
         version = self.version
-        info = await bucket.write_file(
-            object_name,
-            f"/proc/self/fd/{self.fd}",
-            if_generation_match=self.base_generation,
-            metadata=metadata,
-            content_type=mimetypes.guess_type(object_name)[0],
-        )
+        try:
+            info = await bucket.write_file(
+                object_name,
+                f"/proc/self/fd/{self.fd}",
+                if_generation_match=self.base_generation,
+                metadata=metadata,
+                content_type=mimetypes.guess_type(object_name)[0],
+            )
+        except UploadedOtherBytes as err:
+            # Written while it was sent (writes do not wait for an upload): the generation
+            # made is ours, so the next upload replaces it. (Kept at the old one, that next
+            # upload failed its precondition, and ours went to conflicts/ for good.)
+            self.base_generation = err.generation
+            raise
         self.base_generation = info.generation
         self.uploaded_version = version
         return info

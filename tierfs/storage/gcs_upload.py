@@ -29,6 +29,7 @@ from google.cloud import storage
 
 from tierfs.errors import (
     BackendError,
+    UploadedOtherBytes,
 )
 from tierfs.storage import ObjectInfo, check_name
 from tierfs.storage.retry import (
@@ -275,7 +276,11 @@ class _Uploads(_Base):
                 raise
             answer = dict(own._properties)
         if answer.get("crc32c", crc) != crc or int(answer.get("size", size)) != size:
-            raise BackendError(f"gs://{self.name}/{name}: GCS holds other bytes than were sent")
+            what = f"gs://{self.name}/{name}: GCS holds other bytes than were sent"
+            generation = int(answer.get("generation", 0))
+            if generation:  # made all the same: the caller's to replace
+                raise UploadedOtherBytes(what, generation)
+            raise BackendError(what)
         blob = self._bucket.blob(name)
         blob._set_properties(answer)  # as the library reads its own upload's answer
         return _info(blob)
