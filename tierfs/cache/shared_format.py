@@ -46,6 +46,7 @@ from tierfs.cache.ssd_format import (
     _FILE_MODE,
     _TMP_PREFIX,
     HEADER,
+    _header,
     _make_dir,
     _open_ours,
     _pread_exact,
@@ -66,18 +67,10 @@ MISSING = "missing"
 
 def block_bytes(name: bytes, generation: int, index: int, block_size: int, data: bytes) -> bytes:
     """A block file's whole content: header, object name, payload."""
-    head = HEADER.pack(
-        SHARED_MAGIC,
-        SHARED_VERSION,
-        0,
-        len(name),
-        generation,
-        index,
-        block_size,
-        len(data),
-        google_crc32c.value(data),
+    head = _header(
+        name, generation, index, block_size, data, magic=SHARED_MAGIC, version=SHARED_VERSION
     )
-    return head + name + data
+    return head + data
 
 
 def _ensure_dirs(path: Path, top: Path) -> None:

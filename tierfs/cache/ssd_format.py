@@ -246,10 +246,21 @@ def _write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> 
         view = view[done:]
 
 
-def _header(name: bytes, generation: int, index: int, block_size: int, data: bytes) -> bytes:
+def _header(
+    name: bytes,
+    generation: int,
+    index: int,
+    block_size: int,
+    data: bytes,
+    *,
+    magic: bytes = MAGIC,
+    version: int = FORMAT_VERSION,
+) -> bytes:
+    """A block's record: the header (its CRC32C of ``data`` included), then the object
+    name. The shared tier writes the same header under its own magic and version."""
     fields = HEADER.pack(
-        MAGIC,
-        FORMAT_VERSION,
+        magic,
+        version,
         0,
         len(name),
         generation,
