@@ -455,17 +455,22 @@ def test_orbax_save_renames_its_tmp_step_at_the_defaults(
 
 @contextlib.contextmanager
 def over_a_slow_link(
-    emulator: Emulator, gcs_client: storage.Client, bucket_name: str, tree: dict[str, bytes]
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tree: dict[str, bytes],
+    delay_s: float = 0.05,
 ) -> Iterator[str]:
     """Put ``tree`` (and the placeholder ``t/``) in the bucket; yield the endpoint of a
-    GCS-shaped link to the emulator (+50 ms a request), so that moving it takes a while."""
+    GCS-shaped link to the emulator (+``delay_s`` a request), so that moving it takes a
+    while."""
     from benchmarks.shaping import ShapingProxy
 
     bucket = gcs_client.bucket(bucket_name)
     for name, data in {"t/": b"", **tree}.items():
         bucket.blob(name).upload_from_string(data)
     port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
-    proxy = ShapingProxy(("127.0.0.1", port), delay_s=0.05, rate_bytes_s=1e9).start()
+    proxy = ShapingProxy(("127.0.0.1", port), delay_s=delay_s, rate_bytes_s=1e9).start()
     try:
         yield proxy.endpoint
     finally:
@@ -565,7 +570,9 @@ def test_a_background_rename_lets_changes_to_its_tree_wait_and_sync_waits_for_it
     the objects are moved; nothing is left under the old name."""
     tree = {f"t/d{i % 2}/f{i}": str(i).encode() * 50 for i in range(32)}
     cache = f"--cache-dir={tmp_path / 'cache'}"
-    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
+    # +300 ms a request: the move lasts seconds, longer than `tierfs stats` takes to start
+    # and answer on a loaded machine (at +50 ms it once ended first: moving was 0).
+    with over_a_slow_link(emulator, gcs_client, bucket_name, tree, delay_s=0.3) as endpoint:
         mount = mount_factory(
             "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
         )
