@@ -46,6 +46,7 @@ from tierfs.cache.ssd_format import (
     _FILE_MODE,
     _TMP_PREFIX,
     HEADER,
+    _check_header,
     _header,
     _make_dir,
     _open_ours,
@@ -112,14 +113,13 @@ def read_block(
         head = _pread_exact(fd, head_size, 0)
         if len(head) < head_size:
             return f"short file ({st.st_size} bytes)", b""
-        magic, version, reserved, name_len, gen, idx, bsize, length, crc = HEADER.unpack_from(head)
-        if magic != SHARED_MAGIC or version != SHARED_VERSION or reserved != 0:
-            return "bad magic or version", b""
-        if (name_len, gen, idx, bsize) != (len(name), generation, index, block_size):
-            return "header does not match the key", b""
-        if head[HEADER.size :] != name:
-            return "header names another object", b""
-        if length > block_size or st.st_size != head_size + length:
+        problem, length, crc = _check_header(
+            head, name, generation, index, block_size,
+            magic=SHARED_MAGIC, version=SHARED_VERSION, what="header",
+        )  # fmt: skip
+        if problem:
+            return problem, b""
+        if st.st_size != head_size + length:
             return f"wrong length ({st.st_size} bytes, header says {head_size + length})", b""
         payload = _pread_exact(fd, length, head_size)
         if len(payload) != length:

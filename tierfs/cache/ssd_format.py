@@ -361,6 +361,33 @@ def _open_ours(path: Path) -> int | str:
     return fd
 
 
+def _check_header(
+    head: bytes,
+    name: bytes,
+    generation: int,
+    index: int,
+    block_size: int,
+    *,
+    magic: bytes = MAGIC,
+    version: int = FORMAT_VERSION,
+    what: str = "record",
+) -> tuple[str, int, int]:
+    """(problem or "", payload length, CRC32C) of a header `_header` wrote, checked
+    against the key it must be for (the SSD tier's records, the shared tier's files)."""
+    got_magic, got_version, reserved, name_len, gen, idx, bsize, length, crc = HEADER.unpack_from(
+        head
+    )
+    if got_magic != magic or got_version != version or reserved != 0:
+        return "bad magic or version", 0, 0
+    if (name_len, gen, idx, bsize) != (len(name), generation, index, block_size):
+        return f"{what} does not match the key", 0, 0
+    if head[HEADER.size :] != name:
+        return f"{what} names another object", 0, 0
+    if length > block_size:
+        return f"{what} says {length} bytes, more than a block", 0, 0
+    return "", length, crc
+
+
 def _read_block(
     record: Path, data_path: Path, name: bytes, generation: int, index: int, block_size: int
 ) -> tuple[str, bytes]:
@@ -374,14 +401,10 @@ def _read_block(
         head = _pread_exact(fd, head_size, 0)
         if len(head) < head_size:
             return f"short record ({size} bytes)", b""
-        magic, version, reserved, name_len, gen, idx, bsize, length, crc = HEADER.unpack_from(head)
-        if magic != MAGIC or version != FORMAT_VERSION or reserved != 0:
-            return "bad magic or version", b""
-        if (name_len, gen, idx, bsize) != (len(name), generation, index, block_size):
-            return "record does not match the key", b""
-        if head[HEADER.size :] != name:
-            return "record names another object", b""
-        if length > block_size or size != head_size:
+        problem, length, crc = _check_header(head, name, generation, index, block_size)
+        if problem:
+            return problem, b""
+        if size != head_size:
             return f"wrong length ({size} bytes on disk, record of {head_size})", b""
         data_fd = _open_ours(data_path)
         if isinstance(data_fd, str):
