@@ -686,8 +686,10 @@ def test_rm_rf_of_a_tree_in_gcs_is_local_and_a_kill_9_loses_no_delete(
     """Removing an old step (Orbax's max_to_keep) while the next one is being written,
     with write-back: each unlink returns once its delete is journaled, and the tree is gone
     from the mount at once. The deletes yield to the save in progress (a file open for
-    writing), so all 256 objects are still in GCS when the daemon is killed; the next
-    mount deletes them before it serves anything."""
+    writing), so all 256 objects are still in GCS when the daemon is killed, and so are
+    the placeholders its rmdirs removed (their deletes journaled too, no GCS listing: the
+    directories were emptied after rm -rf listed them); the next mount deletes them all
+    before it serves anything."""
     import shutil
 
     bucket = gcs_client.bucket(bucket_name)
@@ -704,8 +706,9 @@ def test_rm_rf_of_a_tree_in_gcs_is_local_and_a_kill_9_loses_no_delete(
         assert sorted(os.listdir(mount.path)) == ["step_2.tmp"]
         assert not (mount.path / "t").exists()
         remaining = {b.name for b in gcs_client.list_blobs(bucket_name)}
-        assert remaining == set(tree) - {"t/"}  # nothing waited for GCS but the rmdirs
-        assert len(list(journal.rglob("deletes/*.json"))) == 256
+        assert remaining == set(tree)  # nothing waited for GCS
+        # One per file, and one per rmdir (t/, and d0..d3: implied, their delete finds none)
+        assert len(list(journal.rglob("deletes/*.json"))) == 256 + 5
         kill_daemon(mount)
     finally:
         with contextlib.suppress(OSError):
@@ -750,3 +753,41 @@ def test_a_time_set_on_a_new_directory_goes_up_with_its_placeholder(
     assert tierfs_sync(mount).returncode == 0
     blob = gcs_client.bucket(bucket_name).get_blob("d/")
     assert blob is not None and blob.metadata["gcsfuse_mtime"].startswith("2031-10-17")
+
+
+def test_rmdirs_of_rm_rf_ask_gcs_nothing_and_their_placeholders_go_in_the_background(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """`rm -rf` of a step an earlier save left (a placeholder per directory, as gcsfuse
+    makes them) lists each directory, then removes what it found, then the directory: its
+    rmdir knows it empty from that listing, less what was removed since, and journals its
+    placeholder's delete like the files'. From the first unlink to the last rmdir no GCS
+    stat or listing, and nothing deleted (the deletes yield to a save in progress);
+    `tierfs sync` then means every object is gone."""
+    bucket = gcs_client.bucket(bucket_name)
+    tree = {"old/": b"", "old/d0/": b"", "old/d1/": b""}
+    tree |= {f"old/d{i % 2}/f{i}": b"x" for i in range(10)}
+    for name, data in tree.items():
+        bucket.blob(name).upload_from_string(data)
+    mount = mount_factory(
+        "--write-back", "--enable-metadata-prefetch=false", f"--cache-dir={tmp_path / 'cache'}"
+    )
+    root = mount.path / "old"
+    assert sorted(os.listdir(root)) == ["d0", "d1"]
+    listed = {d: os.listdir(root / d) for d in ("d0", "d1")}
+    saving = os.open(mount.path / "step_2.tmp", os.O_WRONLY | os.O_CREAT)
+    try:
+        before = stats(mount)["gcs"]
+        for d, names in listed.items():
+            for name in names:
+                os.unlink(root / d / name)
+            os.rmdir(root / d)
+        os.rmdir(root)
+        after = stats(mount)["gcs"]
+        assert {b.name for b in gcs_client.list_blobs(bucket_name)} == set(tree)
+    finally:
+        os.close(saving)
+    assert (after["stats"], after["lists"]) == (before["stats"], before["lists"])
+    assert not root.exists()
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"step_2.tmp": b""}

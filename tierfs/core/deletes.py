@@ -12,7 +12,8 @@ is in GCS is instead
 - hidden at once: lookups and listings of this mount no longer show the name
   (`PendingDeletes.hides`), and an rmdir of its directory does not count it, so
   the directory can go too (a directory removed while deletes below it run is
-  hidden the same way);
+  hidden the same way). An rmdir's delete of a placeholder in GCS is one of these
+  deletes too, keyed by the directory's path;
 - carried out by background workers (`tierfs.core.uploader`'s queue: bounded,
   retried, yielding to a save in progress), with the generation the file had
   as the precondition: a newer object another client wrote meanwhile is left.
@@ -43,12 +44,13 @@ DELETE_WORKERS = 16  # deletes at a time (each is one request)
 
 @dataclass(eq=False)
 class Delete:
-    """One object to delete: the path it had in the mount, its object and generation."""
+    """One object to delete: the path it had in the mount, its object and generation (None:
+    a directory's placeholder whose generation the mount did not know)."""
 
     id: str
     path: str
     object: str
-    generation: int
+    generation: int | None
     done: trio.Event = field(default_factory=trio.Event, repr=False)
 
     def record(self) -> dict[str, Any]:
@@ -118,8 +120,10 @@ class PendingDeletes:
         self._changed = trio.Event()
 
     def dir_removed(self, path: str) -> None:
-        """rmdir of ``path`` succeeded while deletes below it still run: hide it too."""
-        if self.busy(path):
+        """rmdir of ``path`` succeeded while deletes below it still run: hide it too. (The
+        delete of its own placeholder hides it while it runs; `finished` lets go of a gone
+        directory only when the last delete below it ends.)"""
+        if self._below[path] > 0:
             self._gone_dirs.add(path)
 
     def hides(self, path: str) -> bool:

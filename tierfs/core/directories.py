@@ -78,6 +78,26 @@ class Directories(_Base):
         ]
 
     async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
+        """The entries of a directory: GCS's listing merged with what this mount knows. With
+        write-back, a directory not made here is remembered with the names listed, for the
+        metadata TTL from when the listing was sent (`OwnedDirs.listed`), so that the rmdir
+        `rm -rf` makes after removing them needs no listing of its own."""
+        count = self.owned.watch(directory.path)
+        try:
+            entries, sent_s = await self._list_entries(directory)
+        finally:
+            unchanged = self.owned.unwatch(directory.path, count)
+        ttl_s = self.settings.metadata_ttl_s
+        if unchanged and self.journal is not None and ttl_s != 0 and sent_s is not None:
+            until_s = sent_s + ttl_s if ttl_s > 0 else float("inf")
+            self.owned.listed(directory.path, (name for name, _ in entries), until_s)
+        return entries
+
+    async def _list_entries(
+        self, directory: Inode
+    ) -> tuple[list[tuple[str, Inode]], float | None]:
+        """`_list`'s entries, and when their listing was sent (None: while renames move
+        objects, a listing is not one directory's whole answer)."""
         # What is local, or being deleted, before GCS is asked: an upload or a delete that
         # ends while the listing is on its way is not in the answer (it was sent before),
         # so the state from before the request counts too. (Measured: a listing stalled 3 s
@@ -141,10 +161,11 @@ class Directories(_Base):
             if id(now) not in now_local:  # (or the inode its path has now)
                 now_local.add(id(now))
                 local.append(now)
+        sent_s = None if self.pending_moves or old is not None else listing.sent_s
         if not local:
-            return entries
+            return entries, sent_s
         seen = {name for name, _ in entries}
-        return entries + [(inode.name, inode) for inode in local if inode.name not in seen]
+        return entries + [(inode.name, inode) for inode in local if inode.name not in seen], sent_s
 
     def _reuse_listed(self, dir_path: str, listing: DirListing) -> list[tuple[str, Inode]] | None:
         """The entries built from this very listing last time, if each is still the current
@@ -201,9 +222,17 @@ class Directories(_Base):
         return inode
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
+        """rmdir. With write-back it asks GCS nothing when the mount knows the directory is
+        empty (made here, or listed here within the metadata TTL and emptied since: the
+        listing ``rm -rf`` has just made) and its placeholder's delete is journaled and run
+        in the background, as a file's unlink is (`tierfs.core.deletes`)."""
         # (Not for the deletes below it: `rm -rf` removes a directory right after its files.)
-        await self._settle(self.names.child_path(self._dir(parent_ino).path, name), deletes=False)
-        path, inode = await self._existing(parent_ino, name)
+        path = self.names.child_path(self._dir(parent_ino).path, name)
+        await self._settle(path, deletes=False)
+        self._writable()
+        inode = self._known_dir(path)
+        if inode is None:
+            path, inode = await self._existing(parent_ino, name)
         if inode.kind is not Kind.DIR:
             raise NotADirectory(path)
         if any(child.local_only for child in self.inodes.below(path)):
@@ -213,7 +242,7 @@ class Directories(_Base):
         if owned is not None:  # made here: its own table says whether it is empty
             if owned:
                 raise NotEmpty(path)
-        else:
+        elif not self._known_empty(path):
             # Objects whose deletes are still running do not count: ask for enough to see
             # past them. (Taken before the listing: one may finish while it runs.)
             deleting = {d.object for d in self.pending_deletes.below(path)}
@@ -237,7 +266,9 @@ class Directories(_Base):
                 "made here" if owned is not None else "not made here",
             )
             self._drop_staged(inode)
-            if in_gcs:
+            if in_gcs and self.journal is not None:
+                await self._delete_later(path, self._placeholder_generation(inode), placeholder)
+            elif in_gcs:
                 try:
                     await self.bucket.delete(placeholder)
                 except NotFound:
@@ -249,3 +280,40 @@ class Directories(_Base):
         self._emptied.pop(path, None)
         inode.unlinked = True  # (as a file's unlink: a listing under way must not show it)
         self.inodes.detach(inode)
+
+    def _known_dir(self, path: str) -> Inode | None:
+        """With write-back, the directory inode this mount holds for ``path``, if it holds
+        one, that nothing removed or renamed: the kernel has just named it, and asking GCS
+        again (a lookup of an implied directory is three requests) would only find what a
+        directory another client removed meanwhile changes nothing to (its delete finds
+        nothing)."""
+        if self.journal is None:
+            return None
+        inode = self.inodes.current(path)
+        if inode is None or inode.kind is not Kind.DIR or inode.unlinked:
+            return None
+        if self.pending_deletes.hides(path) or self.pending_moves.hides(path):
+            return None
+        if self.pending_moves.source_of(path) is not None:
+            return None  # a new name of a move under way: resolved as usual
+        return inode
+
+    def _known_empty(self, path: str) -> bool:
+        """With write-back: a directory not made here that this mount listed within the
+        metadata TTL and has removed every name of since, with no inode below it either
+        (a name the kernel looked up after the listing: another client's new object)."""
+        if self.journal is None:
+            return False
+        listed = self.owned.listed_children(path, self._monotonic_s())
+        return listed is not None and not listed and not self.inodes.children(path)
+
+    def _placeholder_generation(self, inode: Inode) -> int | None:
+        """The generation of a directory's placeholder, where the mount knows it (its
+        upload, or the lookup the kernel made before the rmdir); None deletes whatever is
+        there (an implicit directory has nothing: the background delete finds nothing)."""
+        if inode.generation:
+            return int(inode.generation)
+        found = self.metadata.get(inode.path)
+        if isinstance(found, Found) and found.placeholder and found.info is not None:
+            return found.info.generation
+        return None

@@ -138,16 +138,19 @@ class Entries(_Base):
             return
         inode.staged.uploaded_version = inode.staged.version
 
-    async def _delete_later(self, path: str, generation: int) -> None:
-        """Write-back: journal the delete of ``path``'s object and hide it; a background
-        worker deletes it from GCS (`tierfs.core.deletes`)."""
+    async def _delete_later(
+        self, path: str, generation: int | None, object_name: str | None = None
+    ) -> None:
+        """Write-back: journal the delete of ``path``'s object (a file's, or ``object_name``:
+        a directory's placeholder) and hide it; a background worker deletes it from GCS
+        (`tierfs.core.deletes`). ``generation`` None: whatever generation is there."""
         assert self.journal is not None
         self.deletes.busy()  # the deletes wait for the `rm -rf` to pause: it is what waits
         self._delete_count += 1
         delete = Delete(
             f"{time.time_ns():020d}-{self._delete_count}",
             path,
-            self.names.file_object(path),
+            object_name if object_name is not None else self.names.file_object(path),
             generation,
         )
         try:

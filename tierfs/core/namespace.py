@@ -61,6 +61,7 @@ class Found:
 class DirListing:
     files: tuple[tuple[str, ObjectInfo], ...]  # (entry name, object)
     dirs: tuple[str, ...]
+    sent_s: float = 0.0  # when its request was sent (the namespace's clock)
 
 
 def valid_part(part: str) -> bool:
@@ -118,6 +119,7 @@ class Namespace:
         self.prefix = only_dir.strip("/") + "/" if only_dir.strip("/") else ""
         self.implicit_dirs = implicit_dirs
         self.cache = cache
+        self._clock = clock
         # Listings kept for ``file-system:kernel-list-cache-ttl-secs``: a repeated `ls` costs
         # no GCS request, and this mount's own changes evict the parent's listing at once.
         # The kernel's own cache of a listing (FOPEN_CACHE_DIR, with the pyfuse3 of
@@ -279,15 +281,22 @@ class Namespace:
         prefix = self.dir_object(path)
         cache = self.cache
         asked = cache.asking() if cache is not None else 0
+        sent_s = self._clock()
         try:
             listing = await self.bucket.list(prefix, delimiter="/", max_results=max_results)
-            return self._listed(path, prefix, listing, max_results, asked)
+            return self._listed(path, prefix, listing, max_results, asked, sent_s)
         finally:
             if cache is not None:
                 cache.answered(asked)  # (after the answers are stored, see `put_answer`)
 
     def _listed(
-        self, path: str, prefix: str, listing: Listing, max_results: int | None, asked: int
+        self,
+        path: str,
+        prefix: str,
+        listing: Listing,
+        max_results: int | None,
+        asked: int,
+        sent_s: float,
     ) -> DirListing:
         cache = self.cache
         truncated = max_results is not None and (
@@ -317,7 +326,7 @@ class Namespace:
         if self.implicit_dirs and cache is not None:
             for part in dirs:  # without implicit-dirs a prefix alone is not a directory
                 cache.put_answer(self.child_path(path, part), Found(True), asked)
-        return DirListing(tuple(files), tuple(dirs))
+        return DirListing(tuple(files), tuple(dirs), sent_s)
 
     async def list_below(self, path: str) -> tuple[ObjectInfo, ...]:
         """Every object below a directory (recursively), its placeholder included."""
