@@ -155,6 +155,26 @@ def test_a_stalled_read_is_cut_and_retried(
     assert stats(mount)["gcs"]["read_stalls"] >= 1
 
 
+@pytest.mark.parametrize("cut", ["truncate", "reset"])
+def test_a_block_download_cut_short_is_fetched_again_never_served_short(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    cut: str,
+) -> None:
+    """The first media GET of a 20 MiB object loses its connection part way (its head and
+    some bytes come, then a reset; or a reset at once): the block is fetched again, and
+    the reader gets every byte, never a short or zero-filled block."""
+    data = os.urandom(20 << 20)
+    gcs_client.bucket(bucket_name).blob("cut.bin").upload_from_string(data)
+    mount = mount_factory(fault_proxy.option)
+    action = Action(truncate=True) if cut == "truncate" else Action(reset=True)
+    rule = fault_proxy.faults.add(Rule(action, method="GET", target=MEDIA, times=1))
+    assert (mount.path / "cut.bin").read_bytes() == data
+    assert rule.fired == 1
+
+
 def test_a_stalled_upload_is_cut_and_retried(
     mount_factory: MountFactory,
     fault_proxy: FaultProxy,
