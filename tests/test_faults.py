@@ -155,6 +155,26 @@ def test_a_stalled_read_is_cut_and_retried(
     assert stats(mount)["gcs"]["read_stalls"] >= 1
 
 
+@pytest.mark.parametrize("cut", ["truncate", "reset"])
+def test_a_block_download_cut_short_is_fetched_again_never_served_short(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    cut: str,
+) -> None:
+    """The first media GET of a 20 MiB object loses its connection part way (its head and
+    some bytes come, then a reset; or a reset at once): the block is fetched again, and
+    the reader gets every byte, never a short or zero-filled block."""
+    data = os.urandom(20 << 20)
+    gcs_client.bucket(bucket_name).blob("cut.bin").upload_from_string(data)
+    mount = mount_factory(fault_proxy.option)
+    action = Action(truncate=True) if cut == "truncate" else Action(reset=True)
+    rule = fault_proxy.faults.add(Rule(action, method="GET", target=MEDIA, times=1))
+    assert (mount.path / "cut.bin").read_bytes() == data
+    assert rule.fired == 1
+
+
 def test_a_stalled_upload_is_cut_and_retried(
     mount_factory: MountFactory,
     fault_proxy: FaultProxy,
@@ -173,6 +193,61 @@ def test_a_stalled_upload_is_cut_and_retried(
     assert rule.fired == 1 and took < 30, took
     assert gcs_client.bucket(bucket_name).blob("ckpt.bin").download_as_bytes() == data
     assert (mount.path / "ckpt.bin").read_bytes() == data
+
+
+# A file over 64 MiB (one chunk) goes up in one request first; a failure of that attempt
+# carries on as a resumable upload (gcs_upload.ONE_ATTEMPT_BYTES).
+BIG_FILE_BYTES = (64 << 20) + (1 << 20)
+
+
+@pytest.mark.parametrize("fault", ["503", "reset"])
+def test_a_large_upload_whose_one_request_fails_goes_on_resumable(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    fault: str,
+) -> None:
+    """The first upload request of a 65 MiB staged file fails (an HTTP 503, or the
+    connection reset): the upload goes on as a resumable session, close() succeeds, and
+    the bucket holds the file whole. Without the fallback the 503 would be retried as
+    one request, and the resumable session's own requests would not be there."""
+    action = Action(status=503) if fault == "503" else Action(reset=True)
+    mount = mount_factory(fault_proxy.option, "--enable-streaming-writes=false")
+    rule = fault_proxy.faults.add(
+        Rule(action, method="POST", target=r"uploadType=multipart", times=1)
+    )
+    data = os.urandom(BIG_FILE_BYTES)
+    (mount.path / "big.bin").write_bytes(data)
+    assert rule.fired == 1
+    seen = fault_proxy.faults.seen
+    assert any(m == "POST" and "uploadType=resumable" in t for m, t in seen), seen
+    assert gcs_client.bucket(bucket_name).blob("big.bin").download_as_bytes() == data
+
+
+def test_a_large_upload_whose_one_request_answer_is_lost_is_recognised(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """The answer to a 65 MiB file's one-request upload is held back (GCS has the object):
+    the attempt is cut, the resumable upload that follows fails its precondition on our
+    own object, and tierfs recognises its bytes: close() succeeds, the object is whole,
+    one generation."""
+    mount = mount_factory(
+        fault_proxy.option, "--enable-streaming-writes=false", "--chunk-transfer-timeout-secs=2"
+    )
+    rule = fault_proxy.faults.add(
+        Rule(Action(stall_s=60), method="POST", target=r"uploadType=multipart", times=1)
+    )
+    data = os.urandom(BIG_FILE_BYTES)
+    took, result = elapsed((mount.path / "big.bin").write_bytes, data)
+    assert result == len(data) and rule.fired == 1 and took < 45, (result, took)
+    blob = gcs_client.bucket(bucket_name).get_blob("big.bin")
+    assert blob is not None and blob.size == len(data)
+    assert blob.download_as_bytes() == data
+    assert (mount.path / "big.bin").read_bytes() == data
 
 
 # --- a killed caller is let go ----------------------------------------------------------------

@@ -43,9 +43,7 @@ async def test_downloads_wait_for_room_in_the_ram_tier() -> None:
     bucket = HeldBucket("b", [ram])
     data = os.urandom(12 * BLOCK)
     generation = bucket.put("obj", data).generation
-    blocks = Blocks(
-        bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(16), memory=ram
-    )
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(16), memory=ram)
     got: dict[int, bytes] = {}
 
     async def one(index: int) -> None:

@@ -44,10 +44,14 @@ else:
     _Base = object
 
 UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
-# Files up to this size are uploaded in one request, larger ones as resumable uploads
-# in UPLOAD_CHUNK_BYTES chunks: a failed request re-sends at most one chunk's worth
-# either way, and one request saves the session's set-up (docs/uploads.md).
+# Files up to this size are uploaded in one request, retried as one request: a failed
+# request re-sends at most one chunk's worth, as a resumable upload's chunk would, and
+# one request saves the session's set-up (docs/uploads.md).
 SINGLE_REQUEST_BYTES = UPLOAD_CHUNK_BYTES
+# Files up to this size are tried once as one request too (one stream, no per-chunk
+# round trips); if that attempt fails with an error worth retrying, the upload goes on
+# as a resumable one, so a broken link costs one attempt's bytes, then at most a chunk.
+ONE_ATTEMPT_BYTES = 4 * 1024 * 1024 * 1024
 _CRC_BLOCK = 8 * 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
@@ -106,6 +110,14 @@ def _info(blob: storage.Blob) -> ObjectInfo:
         content_type=blob.content_type,
         crc32c=blob.crc32c,
     )
+
+
+def _file_crc(fd: int, size: int) -> str:
+    """The base64 crc32c of the first ``size`` bytes of ``fd``, as GCS states it."""
+    checksum = google_crc32c.Checksum()
+    for offset in range(0, size, _CRC_BLOCK):
+        checksum.update(os.pread(fd, min(_CRC_BLOCK, size - offset), offset))
+    return base64.b64encode(checksum.digest()).decode("ascii")
 
 
 class _FileBody:
@@ -195,17 +207,45 @@ class _Uploads(_Base):
                 )
                 counters.add(bytes_written=size)
                 return info
+            attempted = False
+            if size <= ONE_ATTEMPT_BYTES and retry is not None:
+                try:
+                    info = self._upload_one_request(
+                        name,
+                        stream.fileno(),
+                        size,
+                        if_generation_match=if_generation_match,
+                        metadata=blob_metadata,
+                        content_type=content_type or DEFAULT_CONTENT_TYPE,
+                        retry=None,
+                    )
+                    counters.add(bytes_written=size)
+                    return info
+                except Exception as err:
+                    if not retry._predicate(err):
+                        raise
+                    attempted = True  # GCS may have made it: its answer may be what was lost
             blob = bucket.blob(name, chunk_size=chunk_bytes)
             blob.metadata = blob_metadata
-            blob.upload_from_file(
-                stream,
-                size=size,
-                content_type=content_type or DEFAULT_CONTENT_TYPE,
-                if_generation_match=if_generation_match,
-                checksum="crc32c",
-                retry=retry,
-                timeout=timeout,
-            )
+            stream.seek(0)
+            try:
+                blob.upload_from_file(
+                    stream,
+                    size=size,
+                    content_type=content_type or DEFAULT_CONTENT_TYPE,
+                    if_generation_match=if_generation_match,
+                    checksum="crc32c",
+                    retry=retry,
+                    timeout=timeout,
+                )
+            except api_exceptions.PreconditionFailed:
+                if not attempted:
+                    raise
+                own = self._own_object(name, _file_crc(stream.fileno(), size), size)
+                if own is None:
+                    raise
+                counters.add(bytes_written=size)
+                return _info(own)
             counters.add(bytes_written=size)
             return _info(blob)
 
@@ -230,10 +270,7 @@ class _Uploads(_Base):
         own upload costs about 3 ms of CPU per small file (retry and tracing wrappers,
         argument building) and holds the whole body in memory. The crc32c goes in the
         resource, so GCS refuses bytes that do not match it (a file changed under us)."""
-        checksum = google_crc32c.Checksum()
-        for offset in range(0, size, _CRC_BLOCK):
-            checksum.update(os.pread(fd, min(_CRC_BLOCK, size - offset), offset))
-        crc = base64.b64encode(checksum.digest()).decode("ascii")
+        crc = _file_crc(fd, size)
         resource: dict[str, Any] = {"name": name, "contentType": content_type, "crc32c": crc}
         if metadata:
             resource["metadata"] = dict(metadata)
