@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from google.cloud import storage
 from hypothesis import settings
 
@@ -121,3 +122,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         level = _level(item)
         if level != "mount" or not item.get_closest_marker("mount"):
             item.add_marker(getattr(pytest.mark, level))
+
+
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery for a core test's background tasks, cancelled when the test ends."""
+    async with trio.open_nursery() as nursery:
+        yield nursery
+        nursery.cancel_scope.cancel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +68,6 @@ def make_fs(tmp_path: Path, bucket: MemoryBucket) -> Callable[[], Filesystem]:
     yield make  # type: ignore[misc]
     for fs in made:
         fs.close()
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as nursery:
-        yield nursery
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ journaled move, carried out in the background, finished by the next mount after 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +31,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now_s
-
-
-@pytest.fixture
-async def nursery() -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as nursery:
-        yield nursery
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture
