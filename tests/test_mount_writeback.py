@@ -791,3 +791,60 @@ def test_rmdirs_of_rm_rf_ask_gcs_nothing_and_their_placeholders_go_in_the_backgr
     assert not root.exists()
     assert tierfs_sync(mount).returncode == 0
     assert objects(gcs_client, bucket_name) == {"step_2.tmp": b""}
+
+
+@pytest.mark.parametrize("end", ["sync", "kill"])
+@pytest.mark.parametrize("state", ["uploaded", "uploading"])
+def test_a_file_rename_over_an_old_one_never_waits_for_gcs(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    state: str,
+    end: str,
+) -> None:
+    """DCP's commit, ``.metadata.tmp`` -> ``.metadata`` over the last step's, at the default
+    write-back delay, of a file in GCS already or with its upload under way, over a
+    GCS-shaped link (+1 s a request, 4 MB/s): rename() returns before the upload or the
+    copy ends, the mount shows the new name with its bytes at once, and the object is moved
+    in the background; after `tierfs sync`, or kill -9 and a remount, GCS holds the new
+    name only."""
+    from benchmarks.shaping import ShapingProxy
+
+    data = os.urandom(8 * MiB)
+    gcs_client.bucket(bucket_name).blob("dcp/.metadata").upload_from_string(b"last step")
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    port = int(emulator.endpoint.rsplit(":", 1)[1].strip("/"))
+    proxy = ShapingProxy(("127.0.0.1", port), delay_s=1.0, rate_bytes_s=4e6).start()
+    try:
+        mount = mount_factory(
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={proxy.endpoint}"
+        )
+        tmp, final = mount.path / "dcp" / ".metadata.tmp", mount.path / "dcp" / ".metadata"
+        assert final.read_bytes() == b"last step"
+        tmp.write_bytes(data)
+        if state == "uploaded":
+            assert tierfs_sync(mount).returncode == 0
+        else:
+            deadline = time.monotonic() + 60
+            while proxy.bytes_up < MiB:  # its upload is under way (it takes 2 s or more)
+                assert time.monotonic() < deadline, "the upload never started"
+                time.sleep(0.01)
+        os.rename(tmp, final)
+        in_gcs = objects(gcs_client, bucket_name)  # (the emulator itself: no +1 s)
+        assert in_gcs["dcp/.metadata"] == b"last step"  # neither uploaded nor copied yet
+        assert sorted(os.listdir(mount.path / "dcp")) == [".metadata"]
+        assert final.read_bytes() == data
+        if end == "sync":
+            assert tierfs_sync(mount).returncode == 0
+            assert stats(mount)["writeback"]["moving"] == 0
+        else:
+            kill_daemon(mount)
+    finally:
+        proxy.stop()
+    if end == "kill":
+        again = mount_factory("--write-back", "--implicit-dirs", cache, name="mnt")
+        assert (again.path / "dcp" / ".metadata").read_bytes() == data
+    assert objects(gcs_client, bucket_name) == {"dcp/.metadata": data}
+    assert not list((tmp_path / "cache").rglob("moves/*.json"))

@@ -70,11 +70,12 @@ class Directories(_Base):
         self.dirs.pop(fh)
 
     def _local_children(self, dir_path: str) -> list[Inode]:
-        """Children not (wholly) in GCS yet: staged or made here and not uploaded."""
+        """Children not (wholly) in GCS yet: staged, made here and not uploaded, or renamed
+        here with their objects still under the old names."""
         return [
             inode
             for inode in self.inodes.children(dir_path)
-            if inode.staged is not None or inode.local_only
+            if inode.staged is not None or inode.local_only or inode.file_move is not None
         ]
 
     async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
@@ -93,9 +94,7 @@ class Directories(_Base):
             self.owned.listed(directory.path, (name for name, _ in entries), until_s)
         return entries
 
-    async def _list_entries(
-        self, directory: Inode
-    ) -> tuple[list[tuple[str, Inode]], float | None]:
+    async def _list_entries(self, directory: Inode) -> tuple[list[tuple[str, Inode]], float | None]:
         """`_list`'s entries, and when their listing was sent (None: while renames move
         objects, a listing is not one directory's whole answer)."""
         # What is local, or being deleted, before GCS is asked: an upload or a delete that

@@ -52,16 +52,26 @@ log = logging.getLogger("tierfs.writeback")
 MOVE_CONCURRENCY = 16
 MOVE_RETRY_S = 5.0
 MAX_MOVE_RETRY_S = 300.0
+# A move that waits for something local (a file still open with changes) looks again
+# after this, doubling up to MAX_MOVE_WAIT_S.
+MOVE_WAIT_S = 0.05
+MAX_MOVE_WAIT_S = 1.0
+
+
+class MoveWaits(Exception):
+    """A background move cannot go on yet for a local reason; not a failure."""
 
 
 @dataclass(frozen=True)
 class Move:
     """One directory rename in GCS: every object named ``source + rest`` becomes
-    ``destination + rest``."""
+    ``destination + rest``; with ``file``, the one object ``source`` becomes
+    ``destination`` (`tierfs.core.filerename`)."""
 
     id: str
     source: str
     destination: str
+    file: bool = False
 
 
 async def move_objects(
@@ -113,10 +123,33 @@ async def move_objects(
     return moved
 
 
+async def move_file_object(bucket: Bucket, source: str, destination: str) -> int:
+    """A file's rename in GCS: copy whatever generation ``source`` has (replacing what
+    ``destination`` holds, as rename() does), then delete that generation. Returns the
+    objects moved: 0 when ``source`` is gone (moved before, or never uploaded)."""
+    try:
+        info = await bucket.stat(source)
+    except NotFound:
+        return 0
+    await move_objects(bucket, [info], source, destination)
+    return 1
+
+
 async def recover_moves(bucket: Bucket, moves: MoveLog) -> list[Move]:
-    """Finish every directory rename a previous daemon began (see the module docstring)."""
+    """Finish every rename a previous daemon began (see the module docstring)."""
     done = []
     for move in await trio.to_thread.run_sync(moves.pending):
+        if move.file:
+            count = await move_file_object(bucket, move.source, move.destination)
+            await trio.to_thread.run_sync(moves.end, move)
+            log.warning(
+                "write-back: finished renaming gs://%s to %s (%d object was left to move)",
+                move.source,
+                move.destination,
+                count,
+            )
+            done.append(move)
+            continue
         listing = await bucket.list(move.source, delimiter=None)
         await move_objects(
             bucket, listing.objects, move.source, move.destination, skip_existing=True
@@ -138,10 +171,12 @@ def _under(path: str, top: str) -> bool:
 
 @dataclass(eq=False)
 class Moving:
-    """One directory rename whose objects are still being moved (paths, no slash)."""
+    """One rename whose objects are still being moved (paths, no slash): a directory's,
+    or with ``file`` one file's."""
 
     source: str
     destination: str
+    file: bool = False
     done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None  # the last attempt's failure, while it is retried
     attempted: trio.Event = field(default_factory=trio.Event)
@@ -198,7 +233,8 @@ class PendingMoves:
         return [
             m.destination
             for m in self._moves
-            if (m.destination.rsplit("/", 1)[0] if "/" in m.destination else "") == dir_path
+            if not m.file
+            and (m.destination.rsplit("/", 1)[0] if "/" in m.destination else "") == dir_path
         ]
 
     def covering(self, path: str) -> list[Moving]:

@@ -41,6 +41,7 @@ from tierfs.core.deletes import PendingDeletes
 from tierfs.core.directories import Directories
 from tierfs.core.dirmove import PendingMoves
 from tierfs.core.entries import Entries
+from tierfs.core.filerename import FileRenames
 from tierfs.core.handles import DirHandle, FileHandle, HandleTable
 from tierfs.core.inodes import ROOT_INO, Inode, InodeTable, Kind
 from tierfs.core.kernel import Kernel, NoKernel
@@ -143,7 +144,9 @@ class StatFs:
     name_max: int = 255
 
 
-class Filesystem(Lookups, Attributes, Entries, Lifecycle, Directories, WritePath, Renames):
+class Filesystem(
+    Lookups, Attributes, Entries, Lifecycle, Directories, WritePath, Renames, FileRenames
+):
     """POSIX operations over a bucket; the state of one mount. Its directories, its
     write path and its renames are in mixins of their own modules (`tierfs.core.directories`,
     `tierfs.core.writepath`, `tierfs.core.renames`); this one holds the state, lookups, attributes,

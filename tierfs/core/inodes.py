@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
+    from tierfs.core.filerename import FileMove
     from tierfs.core.streaming import Stream
     from tierfs.core.writer import Staged
 
@@ -67,6 +68,9 @@ class Inode:
     # A file whose directory was renamed while its object is still under the old name (a
     # background move, tierfs.core.dirmove): the object it reads until the move is done.
     remote: str | None = None
+    # A file renamed while in GCS, whose object is still under its old name (``remote``):
+    # the background move (tierfs.core.filerename). It keeps the inode in the table.
+    file_move: FileMove | None = field(default=None, repr=False)
     lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
     # The FUSE layer's last reply for this inode (its Attr and the kernel struct built from
     # it), reused while the Attr is equal: readdir of a big directory sends every entry.
@@ -92,7 +96,12 @@ class Inode:
 
     @property
     def busy(self) -> bool:
-        return self.lookups > 0 or self.open_handles > 0 or self.staged is not None
+        return (
+            self.lookups > 0
+            or self.open_handles > 0
+            or self.staged is not None
+            or self.file_move is not None
+        )
 
 
 class InodeTable:

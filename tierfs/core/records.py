@@ -89,9 +89,9 @@ class MoveLog(_RecordLog[Move]):
     def __init__(self, journal_dir: Path) -> None:
         super().__init__(journal_dir, "moves", Move)
 
-    def begin(self, source: str, destination: str) -> Move:
+    def begin(self, source: str, destination: str, *, file: bool = False) -> Move:
         """Durably record a move before any of it happens."""
-        move = Move(f"{time.time_ns():020d}-{secrets.token_hex(4)}", source, destination)
+        move = Move(f"{time.time_ns():020d}-{secrets.token_hex(4)}", source, destination, file)
         self._write(move.id, asdict(move), durable=True)
         return move
 

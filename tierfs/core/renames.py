@@ -1,12 +1,11 @@
-"""Renames in the filesystem core: a file's, a directory's, and the background moves.
+"""Renames in the filesystem core: rename() itself, a directory's, and background moves.
 
-A file renamed before its upload moves only locally (its journal record points at
-the new name). A directory renamed without write-back is copied and deleted object
-by object, up to ``rename-dir-limit`` (EMFILE beyond), as gcsfuse does. With
-write-back, a directory rename is journaled, shown at once under the new name, and
-carried out in the background (`tierfs.core.dirmove`): lookups, reads and listings
-under either name see through it (`_resolve_moving`, `_read_object`,
-`_list_moving`), and changes to the moving tree wait for it (`_settle`).
+A file's rename is `tierfs.core.filerename`. A directory renamed without write-back
+is copied and deleted object by object, up to ``rename-dir-limit`` (EMFILE beyond),
+as gcsfuse does. With write-back, a directory rename is journaled, shown at once
+under the new name, and carried out in the background (`tierfs.core.dirmove`):
+lookups, reads and listings under either name see through it (`_resolve_moving`,
+`_read_object`, `_list_moving`), and changes to the moving tree wait for it (`_settle`).
 
 A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 """
@@ -21,15 +20,22 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.core.dirmove import MAX_MOVE_RETRY_S, MOVE_RETRY_S, Move, Moving, move_objects
+from tierfs.core.dirmove import (
+    MAX_MOVE_RETRY_S,
+    MAX_MOVE_WAIT_S,
+    MOVE_RETRY_S,
+    MOVE_WAIT_S,
+    Move,
+    MoveWaits,
+    Moving,
+    move_objects,
+)
 from tierfs.core.inodes import ROOT_INO, Inode, Kind
-from tierfs.core.namespace import DirListing, Found, check_new_name
+from tierfs.core.namespace import DirListing, check_new_name
 from tierfs.errors import (
     AlreadyExists,
-    IsADirectory,
     NotADirectory,
     NotFound,
-    PreconditionFailed,
     TooManyObjects,
     Unsupported,
     root_cause,
@@ -142,63 +148,6 @@ class Renames(_Base):
         self.owned.moved(old_path, new_path, is_dir=source.kind is Kind.DIR)
         self._entries_changed(old_path, new_path)
 
-    async def _rename_file(self, source: Inode, target: Inode | None, new_path: str) -> None:
-        if target is not None and target.kind is Kind.DIR:
-            raise IsADirectory(new_path)
-        async with self._lock(source):
-            if source.local_only:
-                # Never uploaded: a purely local rename; the upload goes to the new name
-                # (a write-back file's journal record is rewritten to say so; a streaming
-                # upload, which names its object up front, is abandoned).
-                self._end_stream(source)
-                if target is not None:
-                    await self._drop_target(target, new_path)
-                self.names.forget(new_path)
-                self.inodes.move(source, new_path)
-                await self._rename_records([source], durable=True)
-                return
-            staged = source.staged
-            if staged is not None and staged.dirty:
-                if staged.clobbered:
-                    raise PreconditionFailed(source.path)
-                await self._upload(source, self.names.file_object(source.path))
-            target_generation = target.generation if target is not None else 0
-            try:
-                info = await self.bucket.copy(
-                    self.names.file_object(source.path),
-                    self.names.file_object(new_path),
-                    source_generation=source.generation,
-                    if_generation_match=target_generation,
-                )
-            except NotFound:
-                raise PreconditionFailed(source.path) from None
-            try:
-                await self.bucket.delete(
-                    self.names.file_object(source.path), if_generation_match=source.generation
-                )
-            except NotFound:
-                pass
-            if target is not None:
-                target.unlinked = True
-                self.inodes.detach(target)
-            self._removed(source.path)
-            self.names.learned(new_path, Found(False, info))
-            self.inodes.move(source, new_path)
-            source.generation = info.generation
-            source.metageneration = info.metageneration
-            if source.staged is not None:
-                source.staged.base_generation = info.generation
-
-    async def _drop_target(self, target: Inode, path: str) -> None:
-        if target.generation:
-            try:
-                await self.bucket.delete(self.names.file_object(path))
-            except NotFound:
-                pass
-        target.unlinked = True
-        self.names.learned(path, None)
-        self.inodes.detach(target)
-
     async def _rename_dir(self, source: Inode, target: Inode | None, new_path: str) -> None:
         if target is not None:
             if target.kind is not Kind.DIR:
@@ -297,41 +246,67 @@ class Renames(_Base):
         """Move the objects of a renamed directory (retried until it works: the journal
         record stays until then, and a next mount would finish it), then let the mount
         forget the old names. Never raises: a background task."""
-        delay = MOVE_RETRY_S
-        attempt = 0
-        while True:
-            try:
-                listing = await self.bucket.list(old_prefix, delimiter=None)
-                if not placeholder and not any(o.name == old_prefix for o in listing.objects):
-                    # An implicit directory: give the new one a placeholder either way.
-                    await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
-                copies = await move_objects(
-                    self.bucket,
-                    listing.objects,
-                    old_prefix,
-                    new_prefix,
-                    skip_existing=attempt > 0,
-                    on_moved=self._object_moved,
-                )
-                break
-            except Exception as err:  # exception groups included: nothing ends the daemon
-                attempt += 1
-                self.writeback_counts["move_errors"] += 1
-                moving.tried(str(root_cause(err)))
-                log.error(
-                    "write-back: renaming gs://%s to %s failed, will retry in %.0f s: %s",
-                    old_prefix,
-                    new_prefix,
-                    delay,
-                    root_cause(err),
-                )
-                await trio.sleep(delay)
-                delay = min(delay * 2, MAX_MOVE_RETRY_S)
+        copies: dict[str, ObjectInfo] = {}
+
+        async def attempt(number: int) -> None:
+            nonlocal copies
+            listing = await self.bucket.list(old_prefix, delimiter=None)
+            if not placeholder and not any(o.name == old_prefix for o in listing.objects):
+                # An implicit directory: give the new one a placeholder either way.
+                await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
+            copies = await move_objects(
+                self.bucket,
+                listing.objects,
+                old_prefix,
+                new_prefix,
+                skip_existing=number > 0,
+                on_moved=self._object_moved,
+            )
+
+        await self._retrying(moving, old_prefix, new_prefix, attempt)
         for inode in self.inodes.below(moving.destination):
             if inode.remote is not None:  # its object vanished meanwhile: reads say ESTALE
                 self._moved_to(inode, copies.get(self.names.file_object(inode.path)))
         for name in [n for n in self._remote_readers if n.startswith(old_prefix)]:
             del self._remote_readers[name]
+        await self._end_move(moving, move)
+
+    async def _retrying(
+        self,
+        moving: Moving,
+        source: str,
+        destination: str,
+        attempt: Callable[[int], Awaitable[None]],
+    ) -> None:
+        """Run ``attempt(number)`` of a background move until it succeeds, backing off
+        between failures (said in the log and to `Moving.wait`). Never raises."""
+        delay = MOVE_RETRY_S
+        number = 0
+        waited_s = MOVE_WAIT_S
+        while True:
+            try:
+                await attempt(number)
+                return
+            except MoveWaits:  # not a failure: it waits for something local (a close)
+                await trio.sleep(waited_s)
+                waited_s = min(waited_s * 2, MAX_MOVE_WAIT_S)
+            except Exception as err:  # exception groups included: nothing ends the daemon
+                number += 1
+                self.writeback_counts["move_errors"] += 1
+                moving.tried(str(root_cause(err)))
+                log.error(
+                    "write-back: renaming gs://%s to %s failed, will retry in %.0f s: %s",
+                    source,
+                    destination,
+                    delay,
+                    root_cause(err),
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_MOVE_RETRY_S)
+
+    async def _end_move(self, moving: Moving, move: Move) -> None:
+        """A background move is done: drop its record, and let the mount forget both names
+        (the next lookups ask GCS, which now has the new ones)."""
         assert self.journal is not None
         try:
             await trio.to_thread.run_sync(self.journal.moves.end, move)

@@ -221,6 +221,8 @@ class WritePath(_Base):
         """The object an inode's staged file becomes: a directory's is its placeholder."""
         if inode.kind is Kind.DIR:
             return self.names.dir_object(inode.path)
+        if inode.file_move is not None and inode.remote is not None:
+            return inode.remote  # renamed: its object is moved once this upload ends
         return self.names.file_object(inode.path)
 
     def _abandon(self, inode: Inode) -> None:
@@ -243,13 +245,14 @@ class WritePath(_Base):
         a daemon crash once this returns, and with ``durable`` (fsync) from a machine crash
         too. close() is not durable, as on a local disk: an fsync per close would cap a
         save of small files at a few hundred per second."""
+        if self._committed_already(inode, durable):
+            return  # (a reader's close never waits for the lock an upload holds)
         async with self._lock(inode):
             self._observe(inode)
             staged = inode.staged
-            if staged is None or not staged.dirty or inode.unlinked:
+            if self._committed_already(inode, durable, observed=True):
                 return
-            if staged.committed and (not durable or staged.durable_version == staged.version):
-                return
+            assert staged is not None
             if staged.clobbered:
                 raise PreconditionFailed(inode.path)
             if staged.write_error:
@@ -267,6 +270,19 @@ class WritePath(_Base):
             if durable:
                 staged.durable_version = version
             self.writeback_counts["committed"] += 1
+
+    @staticmethod
+    def _committed_already(inode: Inode, durable: bool, *, observed: bool = False) -> bool:
+        """Nothing for `_commit` to do (unless the kernel wrote to the file directly and
+        that is not ``observed`` yet: only the lock's holder may look)."""
+        staged = inode.staged
+        if staged is None or inode.unlinked:
+            return True
+        if staged.direct and not observed:
+            return False
+        if not staged.dirty:
+            return True
+        return staged.committed and (not durable or staged.durable_version == staged.version)
 
     def _queue_if_closed(self, inode: Inode) -> None:
         """With write-back, once no handle is open: queue the upload of what was committed.
@@ -347,8 +363,8 @@ class WritePath(_Base):
         return metadata
 
     async def _upload(self, inode: Inode, object_name: str) -> None:
-        if inode.remote is not None:  # its object is still being moved to this name
-            await self._settle(inode.path)
+        if inode.remote is not None and inode.file_move is None:
+            await self._settle(inode.path)  # its directory's move is still moving it here
         staged = inode.staged
         assert staged is not None
         try:
@@ -376,7 +392,8 @@ class WritePath(_Base):
         if inode.kind is Kind.DIR:
             await self._uploaded_placeholder(inode, staged, info)
             return
-        self.names.learned(inode.path, Found(False, info))
+        if object_name == self.names.file_object(inode.path):  # (else its old name: moving)
+            self.names.learned(inode.path, Found(False, info))
         await self._uploaded(inode, staged)
         if self.background.running and self.settings.file_cache:
             self._cache_upload(staged, object_name, info)

@@ -1,0 +1,260 @@
+"""A file's rename with write-back never waits for GCS, in the core over MemoryBucket: a
+file in GCS, or with its upload under way, is renamed at once and moved in the
+background (journaled: a crash is finished by the next mount); a file changed since its
+upload goes up under the new name only. (Through a real mount: test_mount_writeback.py.)"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.test_writeback import Crash, CrashingBucket, settle, write_new
+from tierfs.core.background import Background
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO
+from tierfs.core.writeback import Journal
+from tierfs.errors import NotFound
+from tierfs.storage.memory import MemoryBucket
+
+pytestmark = pytest.mark.trio
+
+
+class GatedBucket(MemoryBucket):
+    """Holds each call of the operations in ``held`` until ``gate`` is set, saying when
+    one has begun (``entered``)."""
+
+    def __init__(self, *held: str) -> None:
+        super().__init__("wb")
+        self.held = set(held)
+        self.gate = trio.Event()
+        self.entered = trio.Event()
+
+    async def _wait(self, operation: str) -> None:
+        if operation in self.held:
+            self.entered.set()
+            await self.gate.wait()
+
+    async def copy(self, *args: Any, **kwargs: Any) -> Any:
+        await self._wait("copy")
+        return await super().copy(*args, **kwargs)
+
+    async def write_file(self, name: str, path: str, **kwargs: Any) -> Any:
+        """(The body is read before the hold: what is held is its sending.)"""
+        body = await trio.Path(path).read_bytes()
+        await self._wait("write_file")
+        with tempfile.NamedTemporaryFile() as sent:
+            sent.write(body)
+            sent.flush()
+            return await super().write_file(name, sent.name, **kwargs)
+
+
+@pytest.fixture
+def make_fs(tmp_path: Path, nursery: trio.Nursery) -> Callable[[MemoryBucket], Filesystem]:
+    made: list[Filesystem] = []
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+
+    def make(bucket: MemoryBucket) -> Filesystem:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path / "tmp"), implicit_dirs=True, metadata_prefetch=False),
+            journal=Journal(tmp_path / "cache", bucket.name),
+            background=Background(nursery),
+        )
+        made.append(fs)
+        return fs
+
+    yield make  # type: ignore[misc]
+    for fs in made:
+        fs.close()
+
+
+async def read_all(fs: Filesystem, name: str, parent: int = ROOT_INO) -> bytes:
+    inode = await fs.lookup(parent, name)
+    handle = await fs.open(inode.ino, os.O_RDONLY)
+    try:
+        return bytes(await fs.read(handle.fh, 0, 1 << 20))
+    finally:
+        await fs.release(handle.fh)
+
+
+async def listed(fs: Filesystem, directory: int = ROOT_INO) -> list[str]:
+    return sorted(name for name, _, _ in await fs.readdir(fs.opendir(directory), 0))
+
+
+async def test_a_file_in_gcs_is_renamed_at_once_and_moved_in_the_background(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """DCP's commit of a file uploaded already: rename() returns while the copy is held;
+    the mount shows the new name only, reads its bytes, and sync waits for the move."""
+    bucket = GatedBucket("copy")
+    bucket.put("dcp/.metadata.tmp", b"meta" * 100)
+    bucket.put("dcp/.metadata", b"older step")
+    fs = make_fs(bucket)
+    nursery.start_soon(fs.run_uploads, 2)
+    dcp = await fs.lookup(ROOT_INO, "dcp")
+    assert await read_all(fs, ".metadata.tmp", dcp.ino) == b"meta" * 100
+    await fs.lookup(dcp.ino, ".metadata")  # (the kernel looks the target up first)
+    requests = bucket.statistics()["requests"]
+    with trio.fail_after(5):  # (the copy is held: a rename that waited for it would hang)
+        await fs.rename(dcp.ino, ".metadata.tmp", dcp.ino, ".metadata")
+    assert bucket.statistics()["requests"] == requests  # rename() asked GCS nothing
+    with pytest.raises(NotFound):
+        await fs.lookup(dcp.ino, ".metadata.tmp")
+    assert await listed(fs, dcp.ino) == [".metadata"]
+    assert await read_all(fs, ".metadata", dcp.ino) == b"meta" * 100  # from the old object
+    assert len(list(fs.pending_moves)) == 1
+    bucket.gate.set()
+    await fs.sync_all()
+    assert sorted(bucket.names()) == ["dcp/.metadata"]
+    assert bucket.get("dcp/.metadata") == b"meta" * 100
+    assert fs.journal is not None and fs.journal.moves.pending() == []
+    assert len(list(fs.pending_moves)) == 0
+    assert await read_all(fs, ".metadata", dcp.ino) == b"meta" * 100  # from the new one
+
+
+async def test_a_file_renamed_while_its_upload_runs_does_not_wait_for_it(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """The upload (to the old name) is held in GCS; the rename returns at once, the new
+    name reads the file's bytes, and once the upload ends its object is moved."""
+    bucket = GatedBucket("write_file")
+    fs = make_fs(bucket)
+    await write_new(fs, "shard.tmp", b"s" * 5000)
+    nursery.start_soon(fs.run_uploads, 2)
+    await bucket.entered.wait()  # the upload is under way, holding the file's lock
+    with trio.fail_after(5):
+        await fs.rename(ROOT_INO, "shard.tmp", ROOT_INO, "shard")
+    assert await listed(fs) == ["shard"]
+    assert await read_all(fs, "shard") == b"s" * 5000
+    assert bucket.names() == []
+    bucket.gate.set()
+    await fs.sync_all()
+    assert bucket.names() == ["shard"]
+    assert bucket.get("shard") == b"s" * 5000
+    assert fs.journal is not None and fs.journal.moves.pending() == []
+    assert fs.journal.pending() == []
+
+
+async def test_a_file_changed_since_its_upload_goes_up_under_its_new_name_only(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """Its bytes are local and newer: nothing is copied; the old object is deleted in the
+    background, and the name it replaces is replaced by its upload."""
+    bucket = MemoryBucket("wb")
+    bucket.put("a", b"old a")
+    bucket.put("b", b"old b")
+    fs = make_fs(bucket)
+    inode = await fs.lookup(ROOT_INO, "a")
+    handle = await fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC)
+    await fs.write(handle.fh, 0, b"new a")
+    await fs.release(handle.fh)  # committed; no uploader runs yet
+    await fs.lookup(ROOT_INO, "b")
+    requests = bucket.statistics()["requests"]
+    await fs.rename(ROOT_INO, "a", ROOT_INO, "b")
+    assert bucket.statistics()["requests"] == requests
+    assert await listed(fs) == ["b"]
+    assert await read_all(fs, "b") == b"new a"
+    nursery.start_soon(fs.run_uploads, 2)
+    await settle(fs)
+    await fs.sync_all()
+    assert {n: bucket.get(n) for n in bucket.names()} == {"b": b"new a"}
+    assert bucket.statistics().get("copies", 0) == 0
+
+
+async def test_a_new_file_renamed_over_one_in_gcs_replaces_it_by_its_upload(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """DCP's commit over the last step's ``.metadata``: no request in the rename, and no
+    delete ever (the upload replaces that generation)."""
+    bucket = MemoryBucket("wb")
+    bucket.put(".metadata", b"last step")
+    fs = make_fs(bucket)
+    await fs.lookup(ROOT_INO, ".metadata")
+    await write_new(fs, ".metadata.tmp", b"this step")
+    requests = bucket.statistics()["requests"]
+    await fs.rename(ROOT_INO, ".metadata.tmp", ROOT_INO, ".metadata")
+    assert bucket.statistics()["requests"] == requests
+    assert await read_all(fs, ".metadata") == b"this step"
+    nursery.start_soon(fs.run_uploads, 2)
+    await settle(fs)
+    assert {n: bucket.get(n) for n in bucket.names()} == {".metadata": b"this step"}
+    assert bucket.statistics()["deletes"] == 0
+
+
+async def test_a_file_open_with_changes_is_moved_after_its_last_close(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """Renamed while its upload runs and while open for writing again: no partial object
+    ever appears under either name; its last close's bytes end up under the new one."""
+    bucket = GatedBucket("write_file")
+    fs = make_fs(bucket)
+    ino = await write_new(fs, "f.tmp", b"first")
+    nursery.start_soon(fs.run_uploads, 2)
+    await bucket.entered.wait()
+    handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+    await fs.rename(ROOT_INO, "f.tmp", ROOT_INO, "f")
+    bucket.held.clear()
+    bucket.gate.set()
+    await fs.write(handle.fh, 0, b"sec")
+    for _ in range(20):  # the move runs meanwhile: it must not publish "sec"
+        await trio.sleep(0.01)
+        assert b"sec" not in [bucket.get(n) for n in bucket.names()]
+    await fs.write(handle.fh, 3, b"ond")
+    await fs.release(handle.fh)
+    await settle(fs)
+    await fs.sync_all()
+    assert {n: bucket.get(n) for n in bucket.names()} == {"f": b"second"}
+
+
+@pytest.mark.parametrize("survive", [0, 1])
+async def test_a_crash_in_a_file_move_is_finished_by_the_next_mount(
+    tmp_path: Path, survive: int
+) -> None:
+    """Killed before the copy, or between the copy and the delete: the record makes the
+    next mount move the object (after its uploads)."""
+    bucket = CrashingBucket(survive=10_000)
+    bucket.put("x.tmp", b"x" * 300)
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    await fs.lookup(ROOT_INO, "x.tmp")
+    bucket.survive, bucket.calls = survive, 0
+    with pytest.raises((Crash, BaseExceptionGroup)):
+        await fs.rename(ROOT_INO, "x.tmp", ROOT_INO, "x")  # no nursery: moves inline
+    fs.close()
+    bucket.survive = 10_000
+    journal = Journal(tmp_path / "cache", "wb")  # the next mount
+    recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert [move.file for move in recovered.moves] == [True]
+    assert {n: bucket.get(n) for n in bucket.names()} == {"x": b"x" * 300}
+    assert journal.moves.pending() == []
+
+
+async def test_a_crash_while_the_renamed_file_was_uploading_is_finished_by_the_next_mount(
+    tmp_path: Path,
+) -> None:
+    """Its journal record names the old object and the move record says where it goes: the
+    next mount uploads, then moves."""
+    bucket = GatedBucket("write_file")
+    async with trio.open_nursery() as daemon:
+        fs = Filesystem(
+            bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+        )
+        fs.background = Background(daemon)
+        await write_new(fs, "y.tmp", b"y" * 700)
+        daemon.start_soon(fs.run_uploads, 2)
+        await bucket.entered.wait()
+        await fs.rename(ROOT_INO, "y.tmp", ROOT_INO, "y")
+        daemon.cancel_scope.cancel()  # kill -9: the held upload never ends
+    fs.close()
+    bucket.held.clear()
+    journal = Journal(tmp_path / "cache", "wb")
+    recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert recovered.uploaded == ["y.tmp"] and len(recovered.moves) == 1
+    assert {n: bucket.get(n) for n in bucket.names()} == {"y": b"y" * 700}
