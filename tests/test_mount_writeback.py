@@ -755,23 +755,28 @@ def test_a_time_set_on_a_new_directory_goes_up_with_its_placeholder(
     assert blob is not None and blob.metadata["gcsfuse_mtime"].startswith("2031-10-17")
 
 
+@pytest.mark.parametrize("prefetch", ["default", "off"])
 def test_rmdirs_of_rm_rf_ask_gcs_nothing_and_their_placeholders_go_in_the_background(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    prefetch: str,
 ) -> None:
     """`rm -rf` of a step an earlier save left (a placeholder per directory, as gcsfuse
     makes them) lists each directory, then removes what it found, then the directory: its
     rmdir knows it empty from that listing, less what was removed since, and journals its
     placeholder's delete like the files'. From the first unlink to the last rmdir no GCS
     stat or listing, and nothing deleted (the deletes yield to a save in progress);
-    `tierfs sync` then means every object is gone."""
+    `tierfs sync` then means every object is gone. At the defaults, and with metadata
+    prefetch off (no listing of its own runs beside the ones rm -rf makes)."""
     bucket = gcs_client.bucket(bucket_name)
     tree = {"old/": b"", "old/d0/": b"", "old/d1/": b""}
     tree |= {f"old/d{i % 2}/f{i}": b"x" for i in range(10)}
     for name, data in tree.items():
         bucket.blob(name).upload_from_string(data)
-    mount = mount_factory(
-        "--write-back", "--enable-metadata-prefetch=false", f"--cache-dir={tmp_path / 'cache'}"
-    )
+    off = ["--enable-metadata-prefetch=false"] if prefetch == "off" else []
+    mount = mount_factory("--write-back", *off, f"--cache-dir={tmp_path / 'cache'}")
     root = mount.path / "old"
     assert sorted(os.listdir(root)) == ["d0", "d1"]
     listed = {d: os.listdir(root / d) for d in ("d0", "d1")}
