@@ -46,6 +46,14 @@ def _sizes_text(s: Sizes) -> str:
     )
 
 
+def _command(mode: str, args: list[str]) -> str:
+    """``make bench`` / ``make bench-quick`` for a run with no other arguments; else the
+    ``python -m benchmarks ...`` line (a report must not claim a run it was not)."""
+    if not [a for a in args if a != "--quick"]:
+        return "make bench" if mode == "full" else "make bench-quick"
+    return shlex.join(["python", "-m", "benchmarks", *args])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.split("\n")[0]
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     meta = {
         "mode": mode,
-        "command": "make bench" if mode == "full" else "make bench-quick",
+        # What reproduces the run: the make target when it ran as one, else its arguments.
+        "command": _command(mode, argv if argv is not None else sys.argv[1:]),
         "argv": shlex.join(["python", "-m", "benchmarks", *(argv or sys.argv[1:])]),
         "elapsed_s": elapsed,
         "sizes": dataclasses.asdict(sizes),
