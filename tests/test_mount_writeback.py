@@ -853,3 +853,23 @@ def test_a_file_rename_over_an_old_one_never_waits_for_gcs(
         assert (again.path / "dcp" / ".metadata").read_bytes() == data
     assert objects(gcs_client, bucket_name) == {"dcp/.metadata": data}
     assert not list((tmp_path / "cache").rglob("moves/*.json"))
+
+
+def test_a_step_removed_listed_and_made_again_is_made(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """`rm -rf step_100; ls; mkdir step_100` at the defaults: the listing while the
+    placeholder's delete was pending made mkdir say EEXIST once the delete ran."""
+    bucket = gcs_client.bucket(bucket_name)
+    for name in ("step_100/", "step_100/a"):
+        bucket.blob(name).upload_from_string(b"")
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    step = mount.path / "step_100"
+    os.unlink(step / "a")
+    step.rmdir()
+    assert os.listdir(mount.path) == []
+    step.mkdir()
+    (step / "b").write_bytes(b"b")
+    assert os.listdir(mount.path) == ["step_100"]
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"step_100/": b"", "step_100/b": b"b"}

@@ -221,3 +221,25 @@ async def test_a_directory_made_here_and_uploaded_is_removed_in_the_background(
     nursery.start_soon(fs.run_uploads, 2)
     await fs.sync_all()  # durable in GCS: deleted too
     assert bucket.names() == ["other/"]
+
+
+async def test_a_directory_removed_then_listed_can_be_made_again(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """`rm -rf step; ls; mkdir step`: the listing made while the placeholder's delete was
+    pending made the removed directory an inode again, and once the delete ran, mkdir said
+    EEXIST (found by the write-back model test)."""
+    bucket = MemoryBucket("wb")
+    bucket.put("step/", b"")
+    fs = make_fs(bucket)
+    await fs.lookup(ROOT_INO, "step")
+    await fs.rmdir(ROOT_INO, "step")
+    assert bucket.names() == ["step/"]  # its delete waits for the deleter
+    assert await names_in(fs, fs.inodes[ROOT_INO]) == []
+    nursery.start_soon(fs.run_uploads, 2)
+    made = await fs.mkdir(ROOT_INO, "step")  # waits for the delete, then makes it
+    await fs.sync_all()
+    assert bucket.names() == ["step/"]
+    assert bucket.statistics()["deletes"] == 1
+    assert await names_in(fs, fs.inodes[ROOT_INO]) == ["step"]
+    assert (await fs.lookup(ROOT_INO, "step")).ino == made.ino

@@ -119,7 +119,9 @@ class Directories(_Base):
             entries, skipped = [], False
             for part in listing.dirs:
                 path = self.names.child_path(directory.path, part)
-                if path in paths_before:
+                if path in paths_before or path in hidden_before or self._removed_here(path):
+                    # (Made again as an inode, a directory removed here would stand for its
+                    # path after its delete: a mkdir of that name then said EEXIST.)
                     skipped = True
                     continue
                 inode = self.inodes.current(path)
@@ -165,6 +167,12 @@ class Directories(_Base):
             return entries, sent_s
         seen = {name for name, _ in entries}
         return entries + [(inode.name, inode) for inode in local if inode.name not in seen], sent_s
+
+    def _removed_here(self, path: str) -> bool:
+        """A name this mount removed or renamed away whose objects GCS still has."""
+        return self.pending_deletes.hides(path) or (
+            bool(self.pending_moves) and self.pending_moves.hides(path)
+        )
 
     def _reuse_listed(self, dir_path: str, listing: DirListing) -> list[tuple[str, Inode]] | None:
         """The entries built from this very listing last time, if each is still the current
