@@ -57,8 +57,9 @@ from tierfs.core.owned import OwnedDirs
 from tierfs.core.passthrough import Backings
 from tierfs.core.renames import Renames
 from tierfs.core.uploader import Uploader
+from tierfs.core.uploads import LARGE_UPLOADS, Uploads
 from tierfs.core.writeback import Journal
-from tierfs.core.writepath import LARGE_UPLOADS, WritePath
+from tierfs.core.writepath import WritePath
 from tierfs.core.writer import Staged
 from tierfs.errors import (
     AlreadyExists,
@@ -145,7 +146,15 @@ class StatFs:
 
 
 class Filesystem(
-    Lookups, Attributes, Entries, Lifecycle, Directories, WritePath, Renames, FileRenames
+    Lookups,
+    Attributes,
+    Entries,
+    Lifecycle,
+    Directories,
+    WritePath,
+    Uploads,
+    Renames,
+    FileRenames,
 ):
     """POSIX operations over a bucket; the state of one mount. Its directories, its
     write path and its renames are in mixins of their own modules (`tierfs.core.directories`,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from tierfs.core.inodes import Inode
-from tierfs.core.writepath import LARGE_UPLOAD_BYTES
+from tierfs.core.uploads import LARGE_UPLOAD_BYTES
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)

@@ -1,9 +1,9 @@
 """The write path of the filesystem core: from a file's last close to GCS.
 
-flush, fsync and release; streaming uploads of new files while they are written;
-staging a local copy for writes; and, with write-back, the commit to the local
-journal (`tierfs.core.writeback`) and the background uploads (`tierfs.core.uploader`),
-whose success or failure comes back here. Which close publishes is decided in
+flush, fsync and release; staging a local copy for writes; and, with write-back, the
+commit to the local journal (`tierfs.core.writeback`) and the queueing of background
+uploads (`tierfs.core.uploader`). How the bytes are sent (streams, uploads, what their
+success changes) is `tierfs.core.uploads`. Which close publishes is decided in
 `tierfs.fuse.closes` (a forked child's or a dup's FLUSH publishes nothing).
 
 A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
@@ -21,25 +21,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.core.deletes import DELETE_WORKERS
 from tierfs.core.handles import FileHandle
 from tierfs.core.inodes import Inode, Kind
-from tierfs.core.namespace import Found
-from tierfs.core.streaming import Stream
 from tierfs.core.writeback import SPARE_FILES, Record
-from tierfs.core.writer import MTIME_KEY, Staged, format_mtime
-from tierfs.errors import NotFound, PreconditionFailed, UploadedOtherBytes
+from tierfs.core.writer import Staged
+from tierfs.errors import NotFound, PreconditionFailed
 from tierfs.storage import ObjectInfo
 
 log = logging.getLogger("tierfs.fs")
-# Writes (FUSE sends at most 1 MiB each) queued per streaming file while its upload
-# sends a chunk: enough to keep the upload busy, small beside the chunk it buffers.
-STREAM_QUEUE_WRITES = 8
-# Write-back uploads of files over this size (the client's single-request limit; larger
-# ones are resumable, and it holds a chunk of each in memory) run at most LARGE_UPLOADS at
-# a time, so many uploaders serve small files without a save of big ones costing memory.
-LARGE_UPLOAD_BYTES = 8 << 20
-LARGE_UPLOADS = 4
 
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
@@ -50,58 +39,9 @@ else:
 
 
 class WritePath(_Base):
-    """flush, fsync, release, staging, streaming, commits and uploads."""
+    """flush, fsync, release, staging and commits."""
 
     _spares_coming: bool  # set up by Filesystem.__init__
-
-    async def _start_stream(self, inode: Inode, object_name: str) -> None:
-        upload = await self.bucket.open_upload(
-            object_name,
-            if_generation_match=0,
-            chunk_bytes=self.settings.stream_chunk_bytes,
-            content_type=mimetypes.guess_type(object_name)[0],
-        )
-        inode.stream = Stream(upload, max_pending=STREAM_QUEUE_WRITES)
-        self._streams += 1
-        assert self.background.running
-        self.background.spawn(inode.stream.run)
-
-    def _end_stream(self, inode: Inode) -> None:
-        """Abandon the inode's streaming upload (in the background); the staged file has
-        every byte, so the file simply becomes a staged write."""
-        stream, inode.stream = inode.stream, None
-        if stream is not None:
-            self._streams -= 1
-            assert self.background.running
-            self.background.spawn(stream.abort)
-
-    async def _send(self, inode: Inode, staged: Staged, object_name: str) -> ObjectInfo:
-        """Make the object from the staged file: by finishing its stream if it has one that
-        holds every byte, else by uploading the file whole."""
-        stream, inode.stream = inode.stream, None
-        if stream is not None:
-            self._streams -= 1
-            if staged.size < self.settings.stream_chunk_bytes:
-                # Nothing was sent yet: one plain upload is cheaper than finishing a
-                # resumable session (and the emulator honours its precondition).
-                await stream.abort()
-            elif stream.offset == staged.size and not staged.clobbered:
-                version = staged.version
-                try:
-                    info = await stream.finish()
-                except PreconditionFailed:
-                    raise
-                except Exception as err:
-                    log.warning(
-                        "gs://%s: streaming upload failed (%s); uploading whole", object_name, err
-                    )
-                else:
-                    staged.base_generation = info.generation
-                    staged.uploaded_version = version
-                    return info
-            else:
-                await stream.abort()
-        return await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
 
     async def flush(self, fh: int, *, last: bool = True) -> None:
         """close() of one descriptor. One that is not the file's last close (``last``
@@ -320,130 +260,6 @@ class WritePath(_Base):
         closed: the release of an open one queues it)."""
         staged = inode.staged
         return inode.open_handles == 0 and staged is not None and staged.committed and staged.dirty
-
-    async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
-        """The write-back uploader and deleter (run until cancelled): `tierfs.core.uploader`,
-        `tierfs.core.deletes`."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.uploads.run, workers, retry_s)
-            nursery.start_soon(self.deletes.run, DELETE_WORKERS, retry_s)
-
-    def uploads_idle(self) -> bool:
-        return self.uploads.idle()
-
-    async def _upload_in_background(self, inode: Inode) -> bool:
-        """One queued upload; False when it should be tried again later."""
-        if inode.open_handles:
-            return True  # opened again while queued: its last release queues it again
-        staged = inode.staged
-        large = staged is not None and staged.size > LARGE_UPLOAD_BYTES
-        try:
-            async with self._large_uploads if large else contextlib.nullcontext():
-                await self._sync(inode)
-        except PreconditionFailed:
-            log.error(
-                "write-back: gs://%s was changed by another client; this mount's version "
-                "is kept in %s",
-                self.names.file_object(inode.path),
-                self.journal.conflicts_dir if self.journal else "?",
-            )
-        except Exception as err:
-            self.writeback_counts["failed"] += 1
-            self._failed[inode.ino] = f"{self.names.file_object(inode.path)}: {err}"
-            log.error("write-back: upload of gs://%s failed, will retry: %s", inode.path, err)
-            return False
-        self._retire(inode)
-        return True
-
-    def _upload_metadata(self, inode: Inode) -> dict[str, str]:
-        if inode.kind is Kind.DIR:  # a placeholder, as mkdir writes it (+ a time set on it)
-            return dict(inode.metadata)
-        metadata = dict(inode.metadata)
-        metadata[MTIME_KEY] = format_mtime(inode.mtime_ns)
-        return metadata
-
-    async def _upload(self, inode: Inode, object_name: str) -> None:
-        if inode.remote is not None and inode.file_move is None:
-            await self._settle(inode.path)  # its directory's move is still moving it here
-        staged = inode.staged
-        assert staged is not None
-        try:
-            info = await self._send(inode, staged, object_name)
-        except UploadedOtherBytes as err:
-            # In GCS now, if not these bytes (`Staged.upload` replaces it next): an unlink
-            # or a rename meanwhile must know that an object is there.
-            inode.generation = err.generation
-            raise
-        except PreconditionFailed:
-            if inode.kind is Kind.DIR:  # another client made this directory too: it exists
-                info = await self.bucket.stat(object_name)
-                staged.uploaded_version = staged.version
-                await self._uploaded_placeholder(inode, staged, info)
-                return
-            staged.clobbered = True
-            self.names.forget(inode.path)
-            if staged.committed_version is not None:
-                # close() already said yes to these bytes: keep them for the user.
-                assert self.journal is not None
-                self.writeback_counts["conflicts"] += 1
-                with contextlib.suppress(FileNotFoundError):
-                    await trio.to_thread.run_sync(self.journal.keep_conflict, self._record(inode))
-            raise
-        if inode.kind is Kind.DIR:
-            await self._uploaded_placeholder(inode, staged, info)
-            return
-        if object_name == self.names.file_object(inode.path):  # (else its old name: moving)
-            self.names.learned(inode.path, Found(False, info))
-        await self._uploaded(inode, staged)
-        if self.background.running and self.settings.file_cache:
-            self._cache_upload(staged, object_name, info)
-        inode.generation = info.generation
-        inode.metageneration = info.metageneration
-        inode.size = info.size
-        inode.metadata = dict(info.metadata)
-        inode.crc32c = info.crc32c
-
-    async def _uploaded(self, inode: Inode, staged: Staged) -> None:
-        """An upload of a staged file succeeded: its journal record is done."""
-        self._failed.pop(inode.ino, None)
-        if staged.committed_version is not None:
-            assert self.journal is not None and staged.record_id is not None
-            if staged.uploaded_version >= staged.committed_version:
-                await trio.to_thread.run_sync(self.journal.done, staged.record_id)
-            self.writeback_counts["uploaded"] += 1
-
-    async def _uploaded_placeholder(self, inode: Inode, staged: Staged, info: ObjectInfo) -> None:
-        self.names.learned(inode.path, Found(True, info, placeholder=True))
-        await self._uploaded(inode, staged)
-        inode.generation = info.generation
-        inode.metageneration = info.metageneration
-
-    def _cache_upload(self, staged: Staged, object_name: str, info: ObjectInfo) -> None:
-        """Keep what was just uploaded in the SSD tier too (in the background, from a dup of
-        the staged file, which may be closed meanwhile), unless it is written again first."""
-        assert self.background.running
-        version = staged.uploaded_version  # what the file held when the upload began
-        if staged.version != version:
-            return  # written during the upload: the object is not what the file holds
-        fd = os.dup(staged.fd)
-        if not self._copying:
-            self._copies_idle = trio.Event()
-        self._copying += 1
-
-        async def store() -> None:
-            try:
-                await self.blocks.store_local(
-                    fd, object_name, info.generation, info.size, lambda: staged.version == version
-                )
-            except Exception as err:  # a cache that could not be filled is only a miss later
-                log.warning("could not cache the upload of gs://%s: %s", object_name, err)
-            finally:
-                os.close(fd)
-                self._copying -= 1
-                if not self._copying:
-                    self._copies_idle.set()
-
-        self.background.spawn(store)
 
     async def _stage(self, inode: Inode, length: int) -> None:
         """Give a clean file inode a local copy of (the first ``length`` bytes of) its object."""
