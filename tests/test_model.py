@@ -236,6 +236,17 @@ async def check(fs: Filesystem, bucket: MemoryBucket, model: Model) -> None:
     await check_view(fs, model)
 
 
+async def _lingers(fs: Filesystem, model: Model, path: str) -> bool:
+    """An implied directory whose last object this mount removed: still there, empty, for
+    the metadata TTL (gcsfuse's type cache), though the model has nothing."""
+    if model.is_dir(path) or path in model.files:
+        return False
+    try:
+        return (await fs.lookup(ROOT_INO, path)).kind is Kind.DIR
+    except TierfsError:
+        return False
+
+
 async def _empty_dir(drive: Driver, path: str) -> bool:
     inode = drive.fs.inodes[await drive.walk(path)]
     return inode.kind is Kind.DIR and not await drive.listing(path)
@@ -284,8 +295,14 @@ def test_core_matches_model(sequence: list[tuple], tmp_path: Path) -> None:
     trio.run(main)
 
 
+# Derandomized: CI runs the same 100 examples each time (a new random one found in CI
+# fails a submission for an old defect); explored at random, 1,500 examples passed at
+# the commit that added this test.
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     sequence=st.lists(write_back_ops, max_size=30),
@@ -307,7 +324,7 @@ def test_write_back_core_matches_model(
     base = Path(tempfile.mkdtemp(dir=tmp_path))  # one per example: nothing carries over
 
     async def main() -> None:
-        bucket = MemoryBucket("model")
+        bucket = MemoryBucket("model", latency_s=0.001)  # (moves still under way at checks)
         clock = Clock()
         async with trio.open_nursery() as nursery:
             fs = Filesystem(
@@ -325,6 +342,8 @@ def test_write_back_core_matches_model(
                         if op[1].rpartition("/")[0] in model.dirs:
                             continue  # a directory this mount made answers from its own table
                         await fs.sync_all()
+                    if op[0] == "mkdir" and await _lingers(fs, model, op[1]):
+                        continue  # the kernel's lookup finds it: EEXIST before any mkdir
                     await apply(op, fs, bucket, model, clock)
                     if step % sync_every == 0:
                         await fs.sync_all()
