@@ -33,6 +33,7 @@ from tierfs.cache.ssd_format import (
     _header,
     capacity_for,
 )
+from tierfs.core import uploads as uploads_module
 from tierfs.core.background import Background
 from tierfs.core.blocks import BlockReader, Blocks
 from tierfs.core.filesystem import Filesystem, Settings
@@ -1012,6 +1013,53 @@ async def test_unmount_waits_for_the_ssd_copy_of_an_upload(tmp_path: Path) -> No
     pinned = await blocks.passthrough("ckpt", generation, len(data))
     assert pinned is not None  # sealed: the next mount may hand it to the kernel
     blocks.unpin(pinned)
+
+
+async def test_ssd_copies_of_uploads_run_one_at_a_time_and_a_backlog_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copies of uploads into the SSD tier run one at a time (beside many uploads, more
+    threads only contend for the GIL), and once `CACHE_COPIES_WAITING` wait, an upload is
+    not copied at all: counted, a miss later, never a growing pile of open files."""
+    monkeypatch.setattr(uploads_module, "CACHE_COPIES_WAITING", 3)
+    bucket = MemoryBucket(BUCKET)
+    ssd = await open_ssd(tmp_path / "cache", max_bytes=MiB)
+    gate = trio.Event()
+    put = ssd.put
+    storing = 0
+    most = 0
+
+    async def gated_put(key: BlockKey, data: bytes) -> None:
+        nonlocal storing, most
+        storing += 1
+        most = max(most, storing)
+        await gate.wait()
+        await put(key, data)
+        storing -= 1
+
+    ssd.put = gated_put  # type: ignore[method-assign]
+    blocks = Blocks(bucket, [ssd], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path), file_cache=True), blocks=blocks)
+    async with trio.open_nursery() as nursery:
+        with fs.background.attached(nursery):
+            for i in range(5):
+                handle, _ = await fs.create(ROOT_INO, f"f{i}", os.O_WRONLY)
+                await fs.write(handle.fh, 0, b"x%d" % i)
+                await fs.release(handle.fh)  # uploaded; its copy waits
+                await trio.testing.wait_all_tasks_blocked()
+            assert all(bucket.get(f"f{i}") == b"x%d" % i for i in range(5))
+            stats = fs.statistics()["writeback"]
+            assert isinstance(stats, dict)
+            assert (stats["copying"], stats["not_copied"]) == (3, 2)
+            assert storing == 1  # the others wait their turn
+            gate.set()
+            await fs.finish()
+            nursery.cancel_scope.cancel()
+    fs.close()
+    assert most == 1
+    for i in range(5):
+        generation = (await bucket.stat(f"f{i}")).generation
+        assert ssd.holds(BlockKey(f"f{i}", generation, 0)) == (i < 3)
 
 
 def test_a_background_task_that_fails_never_ends_the_nursery(

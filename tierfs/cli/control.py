@@ -182,6 +182,8 @@ def render_statistics(data: dict[str, Any]) -> str:
             f"write-back  pending {writeback['pending']}   committed {writeback['committed']}   "
             f"uploaded {writeback['uploaded']}   failed {writeback['failed']}   "
             f"failing now {writeback['failing']}   conflicts {writeback['conflicts']}   "
-            f"moving {writeback.get('moving', 0)}   deleting {writeback.get('deleting', 0)}"
+            f"moving {writeback.get('moving', 0)}   deleting {writeback.get('deleting', 0)}   "
+            f"SSD copies waiting {writeback.get('copying', 0)}   "
+            f"not copied {writeback.get('not_copied', 0)}"
         )
     return "\n".join(lines)

@@ -57,7 +57,7 @@ from tierfs.core.owned import OwnedDirs
 from tierfs.core.passthrough import Backings
 from tierfs.core.renames import Renames
 from tierfs.core.uploader import Uploader
-from tierfs.core.uploads import LARGE_UPLOADS, Uploads
+from tierfs.core.uploads import CACHE_COPIES, LARGE_UPLOADS, Uploads
 from tierfs.core.writeback import Journal
 from tierfs.core.writepath import WritePath
 from tierfs.core.writer import Staged
@@ -187,6 +187,8 @@ class Filesystem(
             self._upload_in_background, self._committed_again, writing=lambda: self._writers > 0
         )
         self._large_uploads = trio.CapacityLimiter(LARGE_UPLOADS)
+        self._cache_copies = trio.CapacityLimiter(CACHE_COPIES)
+        self.cache_copies_skipped = 0  # uploads not copied to the SSD tier: too many waiting
         self.pending_moves = PendingMoves()  # directory renames moving objects in the background
         # With write-back: unlinks whose GCS delete runs in the background (`tierfs.core.deletes`).
         self.pending_deletes = PendingDeletes()

@@ -50,6 +50,8 @@ class Lifecycle(_Base):
                 "moving": sum(1 for _ in self.pending_moves),
                 "deleting": len(self.pending_deletes),
                 "delete_errors": self.delete_errors,
+                "copying": self._copying,
+                "not_copied": self.cache_copies_skipped,
                 **self.writeback_counts,
             },
         }

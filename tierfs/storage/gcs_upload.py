@@ -189,11 +189,17 @@ class _Uploads(_Base):
         bucket, timeout, chunk_bytes = self._bucket, self._upload_timeout_s, self._chunk_bytes
         counters = self._counters
 
-        # Opened first, outside `_call`: a local failure (ENOENT, EACCES...) stays an
-        # OSError with its errno, as with `MemoryBucket`, instead of a BackendError.
-        stream = await trio.to_thread.run_sync(open, path, "rb")
+        streams: builtins.list[Any] = []
 
-        def run() -> ObjectInfo:
+        def run() -> ObjectInfo | OSError:
+            # Opened in the request's own thread (one thread hop an upload, not two), but
+            # a local failure (ENOENT, EACCES...) is returned, not raised, so that it stays
+            # an OSError with its errno, as with `MemoryBucket`, not a BackendError.
+            try:
+                stream = open(path, "rb")  # closed below, after `_call`
+            except OSError as err:
+                return err
+            streams.append(stream)
             size = os.fstat(stream.fileno()).st_size
             if size <= SINGLE_REQUEST_BYTES:
                 info = self._upload_one_request(
@@ -250,9 +256,13 @@ class _Uploads(_Base):
             return _info(blob)
 
         try:
-            return await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
+            result = await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
         finally:
-            stream.close()
+            for stream in streams:
+                stream.close()
+        if isinstance(result, OSError):
+            raise result
+        return result
 
     def _upload_one_request(
         self,
