@@ -96,9 +96,15 @@ def mounted(
         )
         try:
             speed = work(mnt / "step", data)
-            subprocess.run([TIERFS, "sync", str(mnt)], check=True)  # before the next round
+            synced = subprocess.run([TIERFS, "sync", str(mnt)], capture_output=True, text=True)
+            if synced.returncode != 0:
+                raise RuntimeError(f"tierfs sync failed ({synced.returncode}): {synced.stderr}")
         finally:
-            subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+            # `tierfs unmount` returns once the daemon is gone, its SSD-tier copy of the
+            # upload made and synced: the next round must not share the disk with that.
+            stopped = subprocess.run([TIERFS, "unmount", str(mnt)], capture_output=True, text=True)
+            if stopped.returncode != 0:
+                subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
         return speed
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
