@@ -298,6 +298,11 @@ def markdown(tables: Sequence[Table], meta: dict[str, Any]) -> str:
         out += ["", "Comparisons:", ""] + [f"- {line}" for line in lines]
     out.append("")
     out.append("Sizes: " + meta["sizes_text"])
+    out.append("")
+    out.append(
+        "Order: each workload measures the systems in the order of the columns, the next one"
+        " in the reverse order, so that no system is always measured first."
+    )
     return "\n".join(out) + "\n"
 
 

@@ -1,9 +1,11 @@
 """A benchmark report names the command that reproduces it: a run with workloads or
-systems of its own is not `make bench` (one report said so of a targeted run)."""
+systems of its own is not `make bench` (one report said so of a targeted run); and the
+order cells run in."""
 
 from __future__ import annotations
 
 from benchmarks.__main__ import _command
+from benchmarks.runner import cell_order
 
 
 def test_a_report_names_the_make_target_only_for_a_run_made_by_it() -> None:
@@ -13,3 +15,13 @@ def test_a_report_names_the_make_target_only_for_a_run_made_by_it() -> None:
     assert _command("full", targeted) == (
         "python -m benchmarks --workloads ckpt,dcp --systems tierfs-wb,local"
     )
+
+
+def test_the_systems_are_measured_in_turn_first_and_last() -> None:
+    """The emulator and the disk drift during a run: each workload takes the systems in
+    the other order from the one before, so none is always measured first."""
+    systems = ["tierfs-wb", "gcs-direct", "local"]
+    assert cell_order(systems, 0) == systems
+    assert cell_order(systems, 1) == ["local", "gcs-direct", "tierfs-wb"]
+    assert cell_order(systems, 2) == systems
+    assert systems == ["tierfs-wb", "gcs-direct", "local"]  # not reordered in place
