@@ -35,7 +35,8 @@ from tierfs.cache.ssd_format import (
 )
 from tierfs.core import uploads as uploads_module
 from tierfs.core.background import Background
-from tierfs.core.blocks import BlockReader, Blocks
+from tierfs.core.blockreader import BlockReader
+from tierfs.core.blocks import Blocks
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
 from tierfs.storage.memory import MemoryBucket

@@ -341,6 +341,32 @@ def test_unmount_uploads_pending_files_and_keeps_them_in_the_ssd_tier(
     assert stats(again)["passthrough"]["opens"] == 1
 
 
+def test_a_saved_file_is_written_to_local_disk_once_and_restored_from_it(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """At the defaults of a write-back mount with a cache dir, a checkpoint's journal file
+    becomes the SSD tier's copy once uploaded (renamed, not copied: no block is written
+    into the tier), and the next mount reads it from there, handed to the kernel."""
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    mount = mount_factory("--write-back", cache, name="save")
+    data = os.urandom(3 * MiB + 5)
+    (mount.path / "ckpt.pt").write_bytes(data)
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"ckpt.pt": data}
+    deadline = time.monotonic() + 30
+    while (ssd := stats(mount)["data"]["tiers"]["ssd"])["adopted"] < 1:
+        assert time.monotonic() < deadline, f"the SSD tier never took the file: {ssd}"
+        time.sleep(0.05)
+    assert ssd["bytes_written"] == 0
+    result = mount.unmount()
+    assert (result.returncode, result.stderr) == (0, "")
+    assert mount.errors() == []
+    again = mount_factory(cache, name="restore")
+    assert (again.path / "ckpt.pt").read_bytes() == data
+    assert stats(again)["gcs"]["media_reads"] == 0
+    assert stats(again)["passthrough"]["opens"] == 1
+
+
 @pytest.mark.parametrize(
     "mode",
     [

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from tests.conftest import MountFactory
 from tests.mounting import stats
 from tierfs.cache.ram import RamTier
-from tierfs.core.blocks import PIECE_BYTES, BlockReader, Blocks
+from tierfs.core.blockreader import BlockReader
+from tierfs.core.blocks import PIECE_BYTES, Blocks
 from tierfs.storage.memory import MemoryBucket
 
 MiB = 1 << 20

@@ -16,6 +16,7 @@ a miss, never an error to the user.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -84,6 +85,17 @@ class Tier(Protocol):
 
     async def passthrough(self, name: str, generation: int, size: int) -> Passthrough | None:
         """A pinned file of a sealed whole object the kernel may read directly, or None."""
+        ...
+
+    def takes_files_from(self, directory: Path) -> bool:
+        """Whether `adopt` can take files from ``directory`` (same file system) rather
+        than have them copied in; False for a tier that keeps no whole objects."""
+        ...
+
+    async def adopt(self, source: Path, name: str, generation: int, size: int) -> bool:
+        """Take the local file ``source`` (exactly that object generation's bytes) as the
+        object, renamed into the tier, not copied: whether it did (else ``source`` may
+        still be there, the caller's to delete)."""
         ...
 
     async def fetching(self, key: BlockKey) -> bytes | None:

@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -155,6 +156,12 @@ class RamTier:
 
     async def passthrough(self, name: str, generation: int, size: int) -> None:
         return None
+
+    def takes_files_from(self, directory: Path) -> bool:
+        return False  # keeps no whole objects
+
+    async def adopt(self, source: Path, name: str, generation: int, size: int) -> bool:
+        return False
 
     async def fetching(self, key: BlockKey) -> None:
         return None  # no other node shares this tier

@@ -260,6 +260,12 @@ class SharedTier:
     async def passthrough(self, name: str, generation: int, size: int) -> None:
         return None
 
+    def takes_files_from(self, directory: Path) -> bool:
+        return False  # keeps no whole objects
+
+    async def adopt(self, source: Path, name: str, generation: int, size: int) -> bool:
+        return False
+
     def unpin(self, pinned: object) -> None:
         pass
 

@@ -68,6 +68,7 @@ from pathlib import Path
 import trio
 
 from tierfs.cache import BlockKey, PieceKey
+from tierfs.cache.ssd_adopt import _Adopt
 from tierfs.cache.ssd_budget import _Budget
 from tierfs.cache.ssd_format import (
     _MISSING,
@@ -114,7 +115,7 @@ log = logging.getLogger("tierfs.cache")
 # --- the tier ---------------------------------------------------------------------------
 
 
-class SsdTier(_Seals, _Budget):
+class SsdTier(_Seals, _Adopt, _Budget):
     """Blocks in files under ``root``, LRU-evicted within ``max_bytes``, kept across mounts.
 
     ``max_bytes``: a byte count, 0 (disabled: nothing is created, every get misses)
@@ -183,6 +184,8 @@ class SsdTier(_Seals, _Budget):
         self._passthrough_opens = 0
         self._passthrough_bytes = 0
         self._seals = 0
+        self._adopted = 0  # local files taken in whole (`adopt`), not copied
+        self._same_device: dict[Path, bool] = {}  # directory -> on this tier's file system
 
     @classmethod
     async def create(
@@ -409,6 +412,7 @@ class SsdTier(_Seals, _Budget):
             "entries": len(self._index),
             "errors": self._errors,
             "seals": self._seals,
+            "adopted": self._adopted,
             "passthrough_opens": self._passthrough_opens,
             "passthrough_bytes": self._passthrough_bytes,
         }

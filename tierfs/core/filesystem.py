@@ -36,7 +36,8 @@ from cachetools import LRUCache
 
 from tierfs.core.attributes import Attributes
 from tierfs.core.background import Background
-from tierfs.core.blocks import BlockReader, Blocks
+from tierfs.core.blockreader import BlockReader
+from tierfs.core.blocks import Blocks
 from tierfs.core.deletes import PendingDeletes
 from tierfs.core.directories import Directories
 from tierfs.core.dirmove import PendingMoves

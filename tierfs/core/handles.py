@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tierfs.core.blocks import BlockReader
+from tierfs.core.blockreader import BlockReader
 from tierfs.core.inodes import Inode
 
 

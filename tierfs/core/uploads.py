@@ -207,11 +207,20 @@ class Uploads(_Base):
 
     def _cache_upload(self, staged: Staged, object_name: str, info: ObjectInfo) -> None:
         """Keep what was just uploaded in the SSD tier too (in the background, from a dup of
-        the staged file, which may be closed meanwhile), unless it is written again first."""
+        the staged file, which may be closed meanwhile), unless it is written again first.
+        A write-back journal's file on the SSD tier's file system is not copied: the tier
+        takes the file itself when the journal lets go of it (`_adopt_staged`)."""
         assert self.background.running
         version = staged.uploaded_version  # what the file held when the upload began
         if staged.version != version:
             return  # written during the upload: the object is not what the file holds
+        if (
+            staged.record_id is not None
+            and self.journal is not None
+            and self.blocks.adopts_from(self.journal.dir)
+        ):
+            staged.cache_as = (object_name, info.generation, info.size, version)
+            return
         if self._copying >= CACHE_COPIES_WAITING:
             self.cache_copies_skipped += 1
             return

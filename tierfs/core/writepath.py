@@ -138,7 +138,44 @@ class WritePath(_Base):
         staged.close()
         inode.staged = None
         if staged.record_id is not None and self.journal is not None:
+            cache_as = staged.cache_as
+            if (
+                cache_as is not None
+                and cache_as[3] == staged.version == staged.uploaded_version
+                and not staged.clobbered
+                and not inode.unlinked
+                and self.background.running
+            ):
+                self._adopt_staged(staged.record_id, cache_as)
+                return
             self.journal.discard(staged.record_id)  # two unlinks; a conflict was moved aside
+
+    def _adopt_staged(self, record_id: str, cache_as: tuple[str, int, int, int]) -> None:
+        """Let the SSD tier take an uploaded journal file as the object's data file (a
+        rename, in the background, after the copies waiting before it), then drop what the
+        journal has left of it. Crash before: the next mount deletes the file (no record)."""
+        assert self.journal is not None
+        journal = self.journal
+        name, generation, size, _ = cache_as
+        if not self._copying:
+            self._copies_idle = trio.Event()
+        self._copying += 1
+
+        async def adopt() -> None:
+            try:
+                async with self._cache_copies:
+                    await self.blocks.adopt_local(
+                        journal.data_path(record_id), name, generation, size
+                    )
+            except Exception as err:  # not cached: only a miss later
+                log.warning("could not keep gs://%s in the SSD tier: %s", name, err)
+            finally:
+                journal.discard(record_id)  # what is left: the file if not taken, a record file
+                self._copying -= 1
+                if not self._copying:
+                    self._copies_idle.set()
+
+        self.background.spawn(adopt)
 
     async def _sync(self, inode: Inode) -> None:
         """Upload the inode's staged data if it has changes (fsync; flush and close unless

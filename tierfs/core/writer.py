@@ -66,6 +66,9 @@ class Staged:
         # daemon learns of those writes only from the file (`observe`).
         self.direct = False
         self._seen: tuple[int, int] = (0, 0)  # (size, mtime_ns) at the last observe
+        # (object, generation, size, version) of an upload the SSD tier takes this file as
+        # once it is let go, if it still holds that version (`Uploads._cache_upload`).
+        self.cache_as: tuple[str, int, int, int] | None = None
 
     @classmethod
     def new(cls, temp_dir: str, base_generation: int = 0, journal: Journal | None = None) -> Staged:

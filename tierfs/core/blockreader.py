@@ -1,0 +1,144 @@
+"""`BlockReader`: one open file's reads of one object generation, from `Blocks`.
+
+It keeps the last block it used (kernel reads are 128 KiB to 1 MiB, blocks are larger),
+detects sequential reading and then prefetches the next blocks in the background,
+doubling how far ahead it goes up to ``sequential-read-size-mb``. With the file cache on
+and parallel downloads off, that read-ahead is one request at a time, in order, as
+gcsfuse's single download stream. With the SSD file cache on, the first read at offset 0
+(or any first read, with ``cache-file-for-range-read``) starts a background job that
+brings the whole object into the cache with ``parallel-downloads-per-file`` workers
+(`Blocks.fill`); readers wait only for the blocks they need.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from tierfs.cache import BlockKey
+from tierfs.core.background import Spawn
+from tierfs.core.blocks import Blocks
+
+log = logging.getLogger("tierfs.blocks")
+
+
+class BlockReader:
+    """One open file's reads of one object generation."""
+
+    def __init__(
+        self,
+        blocks: Blocks,
+        name: str,
+        generation: int,
+        size: int,
+        *,
+        spawn: Spawn | None,
+        max_ahead_bytes: int,
+        fill: bool = False,
+        fill_on_range_read: bool = False,
+        crc32c: str | None = None,
+    ) -> None:
+        self.blocks = blocks
+        self.name = name
+        self.generation = generation
+        self.size = size
+        self.spawn = spawn
+        self.max_ahead = max(1, max_ahead_bytes // blocks.block_size)
+        self.fill = fill
+        self.fill_on_range_read = fill_on_range_read
+        self.crc32c = crc32c
+        self._ahead = 0
+        self._next = -1
+        self._prefetched_to = -1
+        self._last: tuple[int, bytes] | None = None
+        self._first = True
+        self._chaining = False  # serial read-ahead: its one task is running
+        self._chain_stop = -1
+
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        if offset >= self.size or length <= 0:
+            return b""
+        end = min(offset + length, self.size)
+        size = self.blocks.block_size
+        first, last = offset // size, (end - 1) // size
+        random = offset != self._next and not (self._first and offset == 0)
+        self._plan(offset, last)
+        self._next = end
+        if random and first == last and (self._last is None or self._last[0] != first):
+            key = BlockKey(self.name, self.generation, first)
+            data = await self.blocks.cached(key, self.size)
+            if data is None:  # random and not cached: just these bytes, from GCS
+                return await self.blocks.read_range(
+                    self.name, self.generation, offset, end - offset, self.size
+                )
+            start = offset - first * size
+            return memoryview(data)[start : start + end - offset]
+        if first == last:
+            data = await self._block(first)
+            start = offset - first * size
+            return memoryview(data)[start : start + end - offset]
+        parts: list[bytes] = [b""] * (last - first + 1)
+
+        async def one(i: int) -> None:
+            parts[i - first] = await self._block(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(first, last + 1):
+                nursery.start_soon(one, i)
+        joined = b"".join(parts)
+        start = offset - first * size
+        return memoryview(joined)[start : start + end - offset]
+
+    async def _block(self, index: int) -> bytes:
+        if self._last is not None and self._last[0] == index:
+            return self._last[1]
+        data = await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
+        self._last = (index, data)
+        return data
+
+    def _plan(self, offset: int, last: int) -> None:
+        """Start background work: a whole-object fill, or sequential read-ahead."""
+        sequential = offset == self._next
+        first_read, self._first = self._first, False
+        if self.spawn is None or not self.blocks.tiers:
+            return  # nowhere to keep prefetched blocks
+        if first_read and self.fill and (offset == 0 or self.fill_on_range_read):
+            self.spawn(self.blocks.fill, self.name, self.generation, self.size, self.crc32c)
+            return
+        if not sequential:
+            self._ahead = 0
+            return
+        if self.blocks.filling(self.name, self.generation):
+            return  # the fill is this file's read-ahead, ``per_file`` downloads at a time
+        serial = self.fill and self.blocks.per_file == 1
+        self._ahead = min(max(1, self._ahead * 2), self.max_ahead)
+        start = max(last + 1, self._prefetched_to + 1)
+        stop = min(last + self._ahead, self.blocks.blocks_of(self.size) - 1)
+        if serial:
+            # As gcsfuse without parallel downloads: one request at a time, in order.
+            self._chain_stop = stop
+            if not self._chaining and start <= stop:
+                self._chaining = True
+                self.spawn(self._chain, start)
+        else:
+            for index in range(start, stop + 1):
+                self.spawn(self._prefetch, index)
+        self._prefetched_to = max(self._prefetched_to, stop)
+
+    async def _chain(self, index: int) -> None:
+        try:
+            while index <= self._chain_stop:
+                await self._prefetch(index)
+                index += 1
+        finally:
+            self._chaining = False
+
+    async def _prefetch(self, index: int) -> None:
+        try:
+            await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
+        except Exception as err:  # a failed prefetch only means the reader fetches later
+            log.debug("prefetch of gs://%s block %d failed: %s", self.name, index, err)
+
+    def close(self) -> None:
+        self._last = None
