@@ -362,12 +362,7 @@ class SsdTier(_Seals, _Adopt, _Budget):
         except OSError as exc:
             self._failed("store", "cannot store %s: %s", self._describe(key), exc)
         finally:
-            self._pending_bytes -= size
-            self._busy.discard(stem)
-            self._writing[obj] -= 1
-            if not self._writing[obj]:
-                del self._writing[obj]
-            self._release(drops)
+            self._write_ended(obj, [stem], size, drops)
         self._count_delete_failures(failures)
         if stored:
             self._add(stem, size)

@@ -154,12 +154,7 @@ class _Adopt(_Base):
         except OSError as exc:
             self._failed("store", "cannot take in gs://%s#%d: %s", name, generation, exc)
         finally:
-            self._pending_bytes -= sum(sizes)
-            self._busy.difference_update(stems)
-            self._writing[obj] -= 1
-            if not self._writing[obj]:
-                del self._writing[obj]
-            self._release(drops)
+            self._write_ended(obj, stems, sum(sizes), drops)
         self._count_delete_failures(failures)
         if adopted:
             for stem, footprint in zip(stems, sizes, strict=True):

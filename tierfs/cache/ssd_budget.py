@@ -88,6 +88,16 @@ class _Budget(_Base):
             )
         return drops
 
+    def _write_ended(self, obj: str, stems: list[str], nbytes: int, drops: list[_Drop]) -> None:
+        """A put or an adopt into ``obj`` is over (done or not): its reservation of
+        ``nbytes``, its busy ``stems`` and the evictions it made room with are let go."""
+        self._pending_bytes -= nbytes
+        self._busy.difference_update(stems)
+        self._writing[obj] -= 1
+        if not self._writing[obj]:
+            del self._writing[obj]
+        self._release(drops)
+
     def _release(self, drops: list[_Drop]) -> None:
         for drop in drops:
             self._busy.difference_update(p.name for p in drop.records)
