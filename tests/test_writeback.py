@@ -1046,3 +1046,44 @@ async def test_a_directory_renamed_here_is_listed_while_it_moves_though_the_kern
     assert not fs.pending_moves and sorted(bucket.names()) == ["final/", "final/a"]
     assert [name for name, _ in await fs._list(fs.inodes[ROOT_INO])] == ["final"]
     fs.close()
+
+
+async def test_a_lookup_answered_before_an_upload_ended_does_not_take_the_file_back(
+    live_fs: Filesystem, bucket: MemoryBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup sent while the file was still the old generation (a listing retried over a
+    faulty link) answers after this mount truncated the file and uploaded the truncation.
+    Its answer is older than the inode's generation (GCS generations only grow): the inode
+    stays, at its new size and bytes. Taken, it read the file back at its old size (found
+    by the faulty-link model test in CI)."""
+    fs = live_fs
+    ino = await write_new(fs, "f", b"x" * 1000)
+    await fs.sync_all()
+    lookup = fs.names.lookup
+    answered = trio.Event()
+    asked = trio.Event()
+
+    async def late_lookup(path: str) -> Any:
+        found = await lookup(path)  # GCS's answer now: the old generation
+        asked.set()
+        await answered.wait()  # ... arriving only later
+        return found
+
+    monkeypatch.setattr(fs.names, "lookup", late_lookup)
+    looked_up: list[int] = []
+
+    async def look() -> None:
+        looked_up.append((await fs.lookup(ROOT_INO, "f")).ino)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(look)
+        await asked.wait()
+        await fs.setattr(ino, size=10)  # truncated here, then uploaded
+        await fs.sync_all()
+        assert bucket.get("f") == b"x" * 10
+        answered.set()
+    assert looked_up == [ino]
+    assert fs.attr(fs._inode(ino)).size == 10
+    handle = await fs.open(ino, os.O_RDONLY)
+    assert await fs.read(handle.fh, 0, 4096) == b"x" * 10
+    await fs.release(handle.fh)

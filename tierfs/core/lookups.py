@@ -151,8 +151,14 @@ class Lookups(_Base):
             await self.pending_deletes.settled(*paths)
 
     async def _file_inode(self, path: str, info: ObjectInfo) -> Inode:
-        """The inode for one generation of a file or symlink object (reused if unchanged)."""
+        """The inode for one generation of a file or symlink object (reused if unchanged).
+        An answer older than what this inode stands for (GCS generations only grow: a
+        lookup or listing sent before this mount's own upload of the file ended) is stale
+        and changes nothing; taken, it read a truncated file back at its old size."""
         current = self.inodes.current(path)
+        if current is not None and current.kind is not Kind.DIR:
+            if current.generation > info.generation:
+                return current
         if (
             current is not None
             and current.kind is not Kind.DIR
@@ -167,6 +173,9 @@ class Lookups(_Base):
         current = self.inodes.current(path)
         if current is not None and (current.local_only or current.staged is not None):
             return current
+        if current is not None and current.kind is not Kind.DIR:
+            if current.generation > info.generation:
+                return current  # (uploaded while the symlink's target was read)
         if current is not None:
             log.debug(
                 "%s: GCS has generation %d; inode %d (generation %d) replaced",
