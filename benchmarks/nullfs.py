@@ -1,11 +1,12 @@
 """The stack's own ceiling: a pyfuse3 + trio file system that keeps files in a dict.
 
 It answers the requests a create-write-close makes (LOOKUP, CREATE, WRITE, FLUSH,
-RELEASE, plus what reading them back and fsync need) with no work behind them: no
-GCS, no journal, no disk. Its files/s in the create workload is what any file system
-built on pyfuse3 and trio can reach on this machine, so tierfs's number can be read as a
-fraction of it (`benchmarks.systems.NullFuse`). Run: ``python -m benchmarks.nullfs DIR``;
-it serves until unmounted.
+RELEASE, plus what reading them back, fsync, mkdir and rename need) with no work behind
+them: no GCS, no journal, no disk. Its files/s in the create workload, and its time for
+the Orbax- and DCP-shaped saves, are what any file system built on pyfuse3 and trio can
+reach on this machine, so tierfs's numbers can be read as a fraction of them
+(`benchmarks.systems.NullFuse`). Its writes go through the daemon (no passthrough).
+Run: ``python -m benchmarks.nullfs DIR``; it serves until unmounted.
 """
 
 from __future__ import annotations
@@ -101,6 +102,38 @@ class NullFs(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         return self._attr(self._add(parent_inode, name, stat.S_IFDIR | (mode & 0o7777)))
+
+    async def rename(
+        self,
+        parent_old: int,
+        name_old: bytes,
+        parent_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        source, target = self._node(parent_old), self._node(parent_new)
+        ino = source.children.get(name_old)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        replaced = target.children.get(name_new)
+        if replaced is not None and self.nodes[replaced].children:
+            raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+        del source.children[name_old]
+        target.children[name_new] = ino
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        if self._node(parent_inode).children.pop(name, None) is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        directory = self._node(parent_inode)
+        ino = directory.children.get(name)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if self.nodes[ino].children:
+            raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+        del directory.children[name]
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext

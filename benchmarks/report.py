@@ -203,6 +203,18 @@ COMPARISONS: tuple[tuple[str, str, tuple[str, str], tuple[str, str]], ...] = (
         ("pyfuse3-null", "meta.create"),
     ),
     (
+        "Orbax step until the rename returns, tierfs write-back / the pyfuse3 + trio ceiling",
+        "plain",
+        ("tierfs-wb", "orbax.save"),
+        ("pyfuse3-null", "orbax.save"),
+    ),
+    (
+        "Orbax step until the rename returns, the pyfuse3 + trio ceiling / local disk",
+        "plain",
+        ("pyfuse3-null", "orbax.save"),
+        ("local", "orbax.save"),
+    ),
+    (
         "ls -lR warm, tierfs-lists / rclone",
         "plain",
         ("tierfs-lists", "meta.ls_warm"),

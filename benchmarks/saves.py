@@ -21,6 +21,7 @@ from benchmarks.workloads import (
     Metric,
     Workload,
     fsync_dir,
+    save_rss,
     wait_local_durable,
     write_file,
     write_files,
@@ -133,6 +134,7 @@ class _RenamedSave(Workload):
         else:
             cell.wait_durable(bucket, expected, prefix)
         durable = time.monotonic() - start
+        cell.record_save_rss(f"{self.name}.save_rss")
         for name in list(layout)[:: max(1, len(layout) // 16)]:  # spot-check the final names
             got = (root / name).read_bytes()
             if len(got) != layout[name]:
@@ -151,6 +153,7 @@ class OrbaxSave(_RenamedSave):
     metrics = (
         Metric("orbax.save", "Orbax step: until the rename returns", "s", False, limit=None),
         Metric("orbax.durable", "Orbax step: until durable", "s", False, limit=None),
+        save_rss("orbax", "Orbax step"),
     )
     TMP = "step_100.orbax-checkpoint-tmp-0"
 
@@ -186,6 +189,7 @@ class DcpSave(_RenamedSave):
     metrics = (
         Metric("dcp.save", "DCP save: until the rename returns", "s", False, limit=None),
         Metric("dcp.durable", "DCP save: until durable", "s", False, limit=None),
+        save_rss("dcp", "DCP save"),
     )
     fsync_each = True
 

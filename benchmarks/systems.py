@@ -454,13 +454,14 @@ class Rclone(SpawnedFuse):
 class NullFuse(SpawnedFuse):
     """The stack's ceiling: `benchmarks.nullfs`, pyfuse3 + trio with files in a dict and
     nothing behind them. Driven like a local directory (durable means fsync, which it
-    answers at once); what tierfs's create rate is a fraction of."""
+    answers at once); what tierfs's create rate and its Orbax and DCP save times are
+    measured against."""
 
     name = "pyfuse3-null"
     description = "pyfuse3 + trio, files in a dict, nothing behind them (benchmarks/nullfs.py)"
     kind = "local"
     network = False
-    only = ("create",)
+    only = ("create", "orbax", "dcp")
 
     def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
         self._spawn([sys.executable, "-m", "benchmarks.nullfs", str(mountpoint)], mountpoint, log)

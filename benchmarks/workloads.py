@@ -61,6 +61,13 @@ class Measurement:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def save_rss(name: str, what: str) -> Metric:
+    """The row of `Cell.record_save_rss`: a save's own peak RSS (daemons only)."""
+    return Metric(
+        f"{name}.save_rss", f"{what}: daemon peak RSS until durable", "MiB", False, None, True
+    )
+
+
 class Cell:
     """One workload on one system in one profile: what the workload gets to use."""
 
@@ -76,6 +83,15 @@ class Cell:
 
     def record(self, key: str, value: float | None, note: str = "", **detail: Any) -> None:
         self.values[key] = Measurement(value, note, detail)
+
+    def record_save_rss(self, key: str) -> None:
+        """The daemon's peak RSS so far, as the save's: sampled once the save is durable,
+        before anything reads it back (a read-back through a mount without an SSD tier
+        fills the RAM tier, which the generic "daemon peak RSS" row then counts)."""
+        self.system.sample_rss()
+        kib = self.system.peak_rss_kib
+        if kib is not None:
+            self.record(key, kib / 1024)
 
     def scratch_bucket(self) -> str:
         bucket = self.env.new_bucket(f"{self.system.name}-{self.profile}")
@@ -605,6 +621,7 @@ class Checkpoint(Workload):
         Metric("ckpt.save", "checkpoint save, until close()", "MB/s", limit="local"),
         Metric("ckpt.durable", "checkpoint save, until durable", "MB/s", limit="gcs"),
         Metric("ckpt.restore", "checkpoint restore after remount", "MB/s", limit="local"),
+        save_rss("ckpt", "checkpoint save"),
     )
 
     def run(self, cell: Cell) -> None:
@@ -667,6 +684,7 @@ class Checkpoint(Workload):
                 system.before_durable(root)
                 cell.wait_durable(bucket, expected, "ckpt/")
                 durable = time.monotonic() - start
+            cell.record_save_rss("ckpt.save_rss")
             root = system.remount()
             assert root is not None
             start = time.monotonic()
