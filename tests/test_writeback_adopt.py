@@ -62,8 +62,7 @@ async def save(fs: Filesystem, name: str, data: bytes) -> int:
 async def let_go(fs: Filesystem) -> None:
     """Upload everything, then wait for what follows (the SSD tier taking the files)."""
     await fs.sync_all()
-    while fs._copying:
-        await fs._copies_idle.wait()
+    await fs._copies.wait_idle()
 
 
 def journal_data_files(fs: Filesystem) -> list[str]:

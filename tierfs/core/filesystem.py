@@ -58,7 +58,7 @@ from tierfs.core.owned import OwnedDirs
 from tierfs.core.passthrough import Backings
 from tierfs.core.renames import Renames
 from tierfs.core.uploader import Uploader
-from tierfs.core.uploads import CACHE_COPIES, LARGE_UPLOADS, Uploads
+from tierfs.core.uploads import LARGE_UPLOADS, CacheCopies, Uploads
 from tierfs.core.writeback import Journal
 from tierfs.core.writepath import WritePath
 from tierfs.core.writer import Staged
@@ -188,8 +188,6 @@ class Filesystem(
             self._upload_in_background, self._committed_again, writing=lambda: self._writers > 0
         )
         self._large_uploads = trio.CapacityLimiter(LARGE_UPLOADS)
-        self._cache_copies = trio.CapacityLimiter(CACHE_COPIES)
-        self.cache_copies_skipped = 0  # uploads not copied to the SSD tier: too many waiting
         self.pending_moves = PendingMoves()  # directory renames moving objects in the background
         # With write-back: unlinks whose GCS delete runs in the background (`tierfs.core.deletes`).
         self.pending_deletes = PendingDeletes()
@@ -222,11 +220,7 @@ class Filesystem(
         self.blocks = blocks or Blocks(
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
         )
-        # Background copies of uploads into the SSD tier (`_cache_upload`): unmount waits
-        # for them (`finish`), so that a restore after the remount finds whole files.
-        self._copying = 0
-        self._copies_idle = trio.Event()
-        self._copies_idle.set()
+        self._copies = CacheCopies()  # uploads kept in the SSD tier, in the background
         self._monotonic_s = monotonic_s
         self._prefetched_dirs: dict[str, float] = {}
         self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it

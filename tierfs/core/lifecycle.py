@@ -50,8 +50,8 @@ class Lifecycle(_Base):
                 "moving": sum(1 for _ in self.pending_moves),
                 "deleting": len(self.pending_deletes),
                 "delete_errors": self.delete_errors,
-                "copying": self._copying,
-                "not_copied": self.cache_copies_skipped,
+                "copying": self._copies.running,
+                "not_copied": self._copies.skipped,
                 **self.writeback_counts,
             },
         }
@@ -145,10 +145,9 @@ class Lifecycle(_Base):
                 "finishes them from the journal",
                 sum(1 for _ in self.pending_moves),
             )
-        if self._copying:
-            log.info("unmount: finishing the SSD-tier copies of %d uploads", self._copying)
-        while self._copying:
-            await self._copies_idle.wait()
+        if self._copies.running:
+            log.info("unmount: finishing the SSD-tier copies of %d uploads", self._copies.running)
+        await self._copies.wait_idle()
         await self.blocks.seal_pending()
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import mimetypes
 import os
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -44,6 +45,58 @@ LARGE_UPLOADS = 4
 # backlog of open files whose disk space a journal could not give back).
 CACHE_COPIES = 1
 CACHE_COPIES_WAITING = 1024
+
+
+class CacheCopies:
+    """The SSD-tier copies and adoptions of uploaded files: run `CACHE_COPIES` at a time in
+    the background, counted (`tierfs stats`: copying, not copied), and waited for by
+    unmount, so a restore after a remount finds whole files. One piece of bookkeeping for
+    both ways a file gets there (`Uploads._cache_upload`, `WritePath._adopt_staged`)."""
+
+    def __init__(self) -> None:
+        self.running = 0  # started and not ended, waiting for their turn included
+        self.skipped = 0  # uploads not copied: too many waiting
+        self._limiter = trio.CapacityLimiter(CACHE_COPIES)
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def full(self) -> bool:
+        """Too many wait: the caller skips this copy (counted)."""
+        if self.running >= CACHE_COPIES_WAITING:
+            self.skipped += 1
+            return True
+        return False
+
+    def start(
+        self,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None],
+        name: str,
+        job: Callable[[], Awaitable[object]],
+        cleanup: Callable[[], None],
+    ) -> None:
+        """Run ``job`` in its turn, then ``cleanup`` whatever happened. A failure is
+        logged: a tier that could not be filled is only a miss later."""
+        if not self.running:
+            self._idle = trio.Event()
+        self.running += 1
+
+        async def run() -> None:
+            try:
+                async with self._limiter:
+                    await job()
+            except Exception as err:
+                log.warning("could not keep gs://%s in the SSD tier: %s", name, err)
+            finally:
+                cleanup()
+                self.running -= 1
+                if not self.running:
+                    self._idle.set()
+
+        spawn(run)
+
+    async def wait_idle(self) -> None:
+        while self.running:
+            await self._idle.wait()
 
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
@@ -221,29 +274,16 @@ class Uploads(_Base):
         ):
             staged.cache_as = (object_name, info.generation, info.size, version)
             return
-        if self._copying >= CACHE_COPIES_WAITING:
-            self.cache_copies_skipped += 1
+        if self._copies.full():
             return
         fd = os.dup(staged.fd)
-        if not self._copying:
-            self._copies_idle = trio.Event()
-        self._copying += 1
 
         def unchanged() -> bool:
             return staged.version == version
 
-        async def store() -> None:
-            try:
-                async with self._cache_copies:
-                    await self.blocks.store_local(
-                        fd, object_name, info.generation, info.size, unchanged
-                    )
-            except Exception as err:  # a cache that could not be filled is only a miss later
-                log.warning("could not cache the upload of gs://%s: %s", object_name, err)
-            finally:
-                os.close(fd)
-                self._copying -= 1
-                if not self._copying:
-                    self._copies_idle.set()
-
-        self.background.spawn(store)
+        self._copies.start(
+            self.background.spawn,
+            object_name,
+            lambda: self.blocks.store_local(fd, object_name, info.generation, info.size, unchanged),
+            lambda: os.close(fd),
+        )

@@ -157,25 +157,13 @@ class WritePath(_Base):
         assert self.journal is not None
         journal = self.journal
         name, generation, size, _ = cache_as
-        if not self._copying:
-            self._copies_idle = trio.Event()
-        self._copying += 1
-
-        async def adopt() -> None:
-            try:
-                async with self._cache_copies:
-                    await self.blocks.adopt_local(
-                        journal.data_path(record_id), name, generation, size
-                    )
-            except Exception as err:  # not cached: only a miss later
-                log.warning("could not keep gs://%s in the SSD tier: %s", name, err)
-            finally:
-                journal.discard(record_id)  # what is left: the file if not taken, a record file
-                self._copying -= 1
-                if not self._copying:
-                    self._copies_idle.set()
-
-        self.background.spawn(adopt)
+        self._copies.start(
+            self.background.spawn,
+            name,
+            lambda: self.blocks.adopt_local(journal.data_path(record_id), name, generation, size),
+            # what is left: the file if not taken, a record file
+            lambda: journal.discard(record_id),
+        )
 
     async def _sync(self, inode: Inode) -> None:
         """Upload the inode's staged data if it has changes (fsync; flush and close unless
