@@ -289,7 +289,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         "Let the kernel read a whole cached, sealed object straight from its cache file "
         "(FUSE passthrough: Linux 6.9+, root); false: every read goes through the daemon, "
-        "each block checked against its CRC32C.",
+        "each block checked against its CRC32C the first time this daemon reads it.",
         flag="file-cache-passthrough",
         tierfs=True,
     ),

@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 
 from tests.conftest import MountFactory
 from tests.mounting import stats
+from tests.test_options_forms import CHECKPOINT_LINE
+from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
+from tierfs.cache.ssd import SsdTier
 from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import PIECE_BYTES, Blocks
 from tierfs.storage.memory import MemoryBucket
@@ -120,6 +123,56 @@ async def test_a_changed_object_is_never_served_from_old_pieces(seed: int) -> No
     assert await read(fresh, MiB, 4096) == new[MiB : MiB + 4096]
 
 
+async def ssd_setup(root: Path) -> tuple[Blocks, BlockReader, bytes, SsdTier]:
+    """An object in the bucket and an SSD tier (no RAM tier) holding its first block."""
+    bucket = MemoryBucket("b")
+    data = random.Random(11).randbytes(SIZE)
+    generation = bucket.put("obj", data).generation
+    ssd = await SsdTier.create(root, "b", 64 * MiB, block_size=BLOCK)
+    blocks = Blocks(bucket, [ssd], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    reader = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
+    assert bytes(await reader.read(0, 4096)) == data[:4096]  # sequential: the whole block
+    assert blocks.gcs_blocks == 1 and ssd.holds(BlockKey("obj", generation, 0))
+    return blocks, reader, data, ssd
+
+
+async def test_a_random_read_of_a_block_on_the_ssd_tier_reads_only_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """A random 4 KiB read of a block the SSD tier holds (written by this mount) reads 4 KiB
+    of the tier's file, not the 8 MiB block and its checksum; GCS is not asked."""
+    blocks, reader, data, ssd = await ssd_setup(tmp_path / "cache")
+    generation = (await blocks.bucket.stat("obj")).generation
+    reader = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
+    before = ssd.statistics()["bytes_read"]
+    offsets = [MiB + 4096 * 7, 3 * MiB + 5, 2 * MiB, 5 * MiB + 12345 - 4096]
+    for offset in offsets:
+        assert await read(reader, offset, 4096) == data[offset : offset + 4096]
+    assert ssd.statistics()["bytes_read"] - before == 4096 * len(offsets)
+    assert (blocks.gcs_blocks, blocks.gcs_ranges) == (1, 0)
+
+
+async def test_a_block_from_an_earlier_mount_is_checked_whole_before_parts_of_it_are_read(
+    tmp_path: Path,
+) -> None:
+    """A block found on disk at mount is not trusted for partial reads until it has been
+    read whole and its CRC32C checked: bytes damaged on disk are never served, the block
+    is fetched from GCS again."""
+    blocks, _, data, ssd = await ssd_setup(tmp_path / "cache")
+    generation = (await blocks.bucket.stat("obj")).generation
+    data_file = ssd.data_path_of("obj", generation)
+    with open(data_file, "r+b") as stream:  # rot, after the mount wrote it
+        stream.seek(2 * MiB)
+        stream.write(b"\xff" * 4096)
+    again = await SsdTier.create(tmp_path / "cache", "b", 64 * MiB, block_size=BLOCK)
+    blocks = Blocks(blocks.bucket, [again], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    reader = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
+    assert await read(reader, 2 * MiB, 4096) == data[2 * MiB : 2 * MiB + 4096]
+    assert again.statistics()["corrupt"] == 1
+    assert blocks.gcs_blocks + blocks.gcs_ranges == 1  # the damaged block came from GCS
+    assert await read(reader, 2 * MiB + 8192, 4096) == data[2 * MiB + 8192 :][:4096]
+
+
 def test_random_reads_through_a_mount_remember_what_they_fetched(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
 ) -> None:
@@ -142,3 +195,39 @@ def test_random_reads_through_a_mount_remember_what_they_fetched(
             os.close(fd)
         passes.append(stats(mount)["gcs"]["media_reads"])
     assert 0 < passes[0] <= len(offsets) and passes[1] == passes[0], passes
+
+
+def test_random_reads_of_an_object_in_the_ssd_tier_read_only_their_bytes(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """The GKE checkpointing line with a cache dir, an object larger than the RAM tier (16
+    MiB here standing for the default 256 against a checkpoint of GBs): once the object is
+    in the SSD tier, random 4 KiB reads (page cache dropped, through an open that is not
+    passthrough, as when another handle is open) return its bytes, ask GCS nothing, and
+    take a few KiB each from the SSD tier, not their 8 MiB block."""
+    data = os.urandom(64 * MiB)
+    gcs_client.bucket(bucket_name).blob("blob").upload_from_string(data)
+    mount = mount_factory(
+        "-o", CHECKPOINT_LINE, f"--cache-dir={tmp_path / 'cache'}", "--ram-cache-max-size-mb=16"
+    )
+    path = mount.path / "blob"
+    holder = os.open(path, os.O_RDONLY)  # later opens then go through the daemon
+    try:
+        assert (mount.path / "blob").read_bytes() == data  # into the SSD tier
+        before = stats(mount)
+        Path("/proc/sys/vm/drop_caches").write_text("1")
+        rng = random.Random(5)
+        offsets = [rng.randrange(0, len(data) // 4096) * 4096 for _ in range(100)]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for offset in offsets:
+                assert os.pread(fd, 4096, offset) == data[offset : offset + 4096]
+        finally:
+            os.close(fd)
+    finally:
+        os.close(holder)
+    after = stats(mount)
+    assert after["gcs"]["media_reads"] == before["gcs"]["media_reads"]
+    ssd_read = after["data"]["tiers"]["ssd"]["bytes_read"]
+    ssd_read -= before["data"]["tiers"]["ssd"]["bytes_read"]
+    assert 0 < ssd_read <= len(offsets) * MiB, ssd_read

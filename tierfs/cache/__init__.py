@@ -71,6 +71,12 @@ class Tier(Protocol):
         """Drop the blocks (and pieces) of an object (one generation, or all)."""
         ...
 
+    async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        """``length`` bytes at ``offset`` within a block the tier holds, without reading
+        the whole block, for a random read; None: ask `get` (a block the tier cannot
+        vouch for without checking it whole, or none)."""
+        ...
+
     def get_piece(self, key: PieceKey) -> bytes | None:
         """A piece a random read fetched, or None (a tier that keeps no pieces: always)."""
         ...

@@ -140,6 +140,14 @@ class RamTier:
         for key in [k for k in keys if generation is None or k.generation == generation]:
             del self._blocks[key]
 
+    async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        data = self._blocks.get(key)
+        if data is None:
+            return None  # (not a miss yet: the caller looks further)
+        self._counts["hits"] += 1
+        self._bytes_read += length
+        return data[offset : offset + length]
+
     def get_piece(self, key: PieceKey) -> bytes | None:
         return self._lookup(key, "piece_")
 

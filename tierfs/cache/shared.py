@@ -237,6 +237,9 @@ class SharedTier:
             self._claims[key] = marker
         return claimed
 
+    async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        return None  # another node's block is checked whole (`get`) before it is served
+
     def get_piece(self, key: PieceKey) -> bytes | None:
         return None  # random reads' pieces stay in this node's RAM
 

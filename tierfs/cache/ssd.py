@@ -71,8 +71,6 @@ from tierfs.cache import BlockKey, PieceKey
 from tierfs.cache.ssd_adopt import _Adopt
 from tierfs.cache.ssd_budget import _Budget
 from tierfs.cache.ssd_format import (
-    _MISSING,
-    _OK,
     _U64,
     AUTO,
     CACHE_DIR_NAME,
@@ -87,12 +85,12 @@ from tierfs.cache.ssd_format import (
     _name_bytes,
     _name_hash,
     _object_of,
-    _read_block,
     _round_up,
     _write_block,
     capacity_for,
     safety_margin,
 )
+from tierfs.cache.ssd_read import _Reads
 from tierfs.cache.ssd_scan import _prepare
 from tierfs.cache.ssd_seals import Passthrough, _Seals
 
@@ -115,7 +113,7 @@ log = logging.getLogger("tierfs.cache")
 # --- the tier ---------------------------------------------------------------------------
 
 
-class SsdTier(_Seals, _Adopt, _Budget):
+class SsdTier(_Reads, _Seals, _Adopt, _Budget):
     """Blocks in files under ``root``, LRU-evicted within ``max_bytes``, kept across mounts.
 
     ``max_bytes``: a byte count, 0 (disabled: nothing is created, every get misses)
@@ -254,65 +252,6 @@ class SsdTier(_Seals, _Adopt, _Budget):
             await self._delete(drops)
 
     # -- Tier protocol -------------------------------------------------------------------
-
-    async def get(self, key: BlockKey) -> bytes | None:
-        self._check_open()
-        if not self._max_bytes or not self._wanted(key.name):
-            self._misses += 1
-            return None
-        name = _name_bytes(key.name)
-        stem = self._stem(name, key)
-        if stem not in self._index:
-            self._misses += 1
-            return None
-        self._index.move_to_end(stem)
-        for _attempt in range(2):
-            forgets = self._forgets
-            status, data = await self._read(stem, name, key)
-            if status == _OK or self._forgets == forgets:
-                break
-            # Blocks were dropped while we read: ours may have been punched out (and put
-            # back) under us. That is no damage: read again if it is back, else a miss.
-            if stem not in self._index:
-                self._misses += 1
-                return None
-        if status == _OK:
-            self._hits += 1
-            self._bytes_read += len(data)
-            if stem in self._index:
-                self._trusted.add(stem)
-            return data
-        self._misses += 1
-        if status.startswith("unreadable"):
-            self._say("read", "cannot read %s (%s); deleted", self._describe(key), status)
-        elif status != _MISSING:
-            self._corrupt += 1
-            log.warning(
-                "SSD cache: %s is damaged (%s); deleted, it will be fetched again",
-                self._describe(key),
-                status,
-            )
-        if stem in self._index:
-            self._forget(stem)
-            # Without a data file of ours, no block of the object can be served.
-            await self._delete(self._drops([stem], whole=status.startswith("data file")))
-        return None
-
-    async def _read(self, stem: str, name: bytes, key: BlockKey) -> tuple[str, bytes]:
-        try:
-            return await trio.to_thread.run_sync(
-                _read_block,
-                self._path(stem),
-                self._data_path(_object_of(stem)),
-                name,
-                key.generation,
-                key.index,
-                self._block_size,
-                limiter=self._limiter,
-            )
-        except OSError as exc:
-            self._errors += 1
-            return f"unreadable: {exc}", b""
 
     def holds(self, key: BlockKey) -> bool:
         if not self._max_bytes or not self._wanted(key.name):

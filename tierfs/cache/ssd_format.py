@@ -345,6 +345,18 @@ def _read_payload(fd: int, length: int, offset: int) -> bytes:
     return _pread_exact(fd, length, offset)
 
 
+def _read_part(data_path: Path, offset: int, length: int) -> bytes | None:
+    """``length`` bytes at ``offset`` of an object's data file (fewer at its end), or None
+    when the file is not there or not ours."""
+    fd = _open_ours(data_path)
+    if isinstance(fd, str):
+        return None
+    try:
+        return _pread_exact(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
 def _open_ours(path: Path) -> int | str:
     """A read-only descriptor of our regular file at ``path``, or why not."""
     try:

@@ -67,13 +67,7 @@ class BlockReader:
         self._next = end
         if random and first == last and (self._last is None or self._last[0] != first):
             key = BlockKey(self.name, self.generation, first)
-            data = await self.blocks.cached(key, self.size)
-            if data is None:  # random and not cached: just these bytes, from GCS
-                return await self.blocks.read_range(
-                    self.name, self.generation, offset, end - offset, self.size
-                )
-            start = offset - first * size
-            return memoryview(data)[start : start + end - offset]
+            return await self.blocks.read_random(key, offset, end - offset, self.size)
         if first == last:
             data = await self._block(first)
             start = offset - first * size

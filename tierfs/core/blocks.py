@@ -136,6 +136,30 @@ class Blocks:
             return await self.get(key, object_size)
         return data
 
+    async def read_random(
+        self, key: BlockKey, offset: int, length: int, size: int
+    ) -> bytes | memoryview:
+        """A random read of ``length`` bytes at ``offset`` of the object, within block
+        ``key``: only these bytes from a tier that holds the block (a slice in RAM, one
+        pread on the SSD tier), else the whole block if a tier must check it first or its
+        download is under way, else pieces (`read_range`). A whole block is not brought
+        into RAM for a 4 KiB read: across a large object that evicts what sequential
+        readers need and costs 8 MiB of reading per read."""
+        within = offset - key.index * self.block_size
+        for tier in self.tiers:
+            try:
+                part = await tier.read_part(key, within, length)
+            except Exception as err:  # a failing tier is a miss, never the user's error
+                self.tier_errors += 1
+                log.warning("%s tier failed to read %s: %s", tier.name, key, err)
+                continue
+            if part is not None:
+                return part
+        data = await self.cached(key, size)
+        if data is None:
+            return await self.read_range(key.name, key.generation, offset, length, size)
+        return memoryview(data)[within : within + length]
+
     async def read_range(
         self, name: str, generation: int, offset: int, length: int, object_size: int
     ) -> bytes:
