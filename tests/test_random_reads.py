@@ -1,4 +1,4 @@
-"""Random reads that remember (issue 18): a random read fetches the pieces (256 KiB) it
+"""Random reads that remember (issue 18): a random read fetches the pieces (16 KiB) it
 spans, the RAM tier keeps them, and the next touch of those regions asks GCS nothing."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def test_a_second_touch_of_a_piece_asks_gcs_nothing() -> None:
     start = 6 * P  # in the second MiB, not at a block's start
     assert await read(reader, start + P // 2, 4096) == data[start + P // 2 :][:4096]
     assert (blocks.gcs_ranges, blocks.gcs_bytes) == (1, P)  # one piece, one request
-    for offset in (start, start + 8192, start + P - 4096):  # the same piece, anywhere in it
+    for offset in (start, start + P - 4096, start + 4096):  # the same piece, anywhere in it
         assert await read(reader, offset, 4096) == data[offset : offset + 4096]
     assert blocks.gcs_ranges == 1
     assert blocks.tiers[0].statistics()["piece_hits"] == 3 and blocks.gcs_blocks == 0
@@ -121,6 +121,26 @@ async def test_a_changed_object_is_never_served_from_old_pieces(seed: int) -> No
     generation = blocks.bucket.put("obj", new).generation  # type: ignore[attr-defined]
     fresh = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
     assert await read(fresh, MiB, 4096) == new[MiB : MiB + 4096]
+
+
+async def test_a_ram_tier_remembers_many_more_regions_than_it_could_hold_blocks_of() -> None:
+    """200 random 4 KiB reads over 64 MiB, each in a 256 KiB region of its own, with an
+    8 MiB RAM tier: read again, every one is answered from RAM (small pieces: 200 of them
+    fit in 8 MiB; 200 regions of 256 KiB would be 50 MiB, and most would be gone)."""
+    bucket = MemoryBucket("b")
+    size = 64 * MiB
+    data = random.Random(13).randbytes(size)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(bucket, [RamTier(8 * MiB)], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    offsets = [region * 256 * 1024 + 8192 for region in random.Random(2).sample(range(256), 200)]
+    asked = []
+    for _ in range(2):
+        reader = BlockReader(blocks, "obj", generation, size, spawn=None, max_ahead_bytes=BLOCK)
+        await read(reader, 12345, 1)  # (not where a first read would start: random from here)
+        for offset in offsets:
+            assert await read(reader, offset, 4096) == data[offset : offset + 4096]
+        asked.append(blocks.gcs_ranges)
+    assert asked[0] >= len(offsets) and asked[1] == asked[0], asked  # none the second time
 
 
 async def ssd_setup(root: Path) -> tuple[Blocks, BlockReader, bytes, SsdTier]:

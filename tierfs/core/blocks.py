@@ -51,7 +51,13 @@ class Memory(Protocol):
     def release(self, nbytes: int) -> None: ...
 
 
-PIECE_BYTES = 256 << 10  # what a random read fetches and keeps
+# What a random read fetches and keeps, at least. Small, so that the RAM tier remembers
+# many regions: 8 s of random 4 KiB reads over a 1 GiB object touch ~6,000 of them,
+# which in 256 KiB pieces was 1.5 GiB, six times a 256 MiB RAM tier, and a second touch
+# found ~25 % (742-822 IOPS); in 16 KiB pieces it is ~100 MiB, and a second touch ran at
+# 6,229 IOPS with no GCS request (`benchmarks` rand, plain, same machine). A larger read
+# still fetches all the pieces it spans in one request.
+PIECE_BYTES = 16 << 10
 
 
 @dataclass
@@ -167,9 +173,9 @@ class Blocks:
         that keeps them (RAM), else with one ranged GCS read of the pieces it spans, kept
         there, so that the next touch of the same region needs no request. (A block is
         the unit of sequential caching; fetching 8 MiB to answer 4 KiB would cost 2,000
-        times the bytes and the time; a piece costs one request's latency plus 256 KiB.
-        Measured on the emulator: 1 MiB pieces cut first-touch 4 KiB reads from ~900 to
-        ~620 IOPS; 256 KiB ones kept them.)
+        times the bytes and the time; a piece costs one request's latency plus its few
+        KiB. Measured on the emulator: 1 MiB pieces cut first-touch 4 KiB reads from ~900
+        to ~620 IOPS.)
 
         Not under the downloads limiter: a reader waiting on one small range must not
         queue behind a whole-object fill's block downloads (measured: QD1 random reads
