@@ -1098,3 +1098,28 @@ def test_a_background_task_that_fails_never_ends_the_nursery(
     messages = [r.getMessage() for r in caplog.records]
     assert all("nobody expected this" in m for m in messages) and len(messages) == 2
     assert all(r.exc_info is not None for r in caplog.records)
+
+
+async def test_a_copy_whose_clean_up_fails_still_lets_unmount_go_on() -> None:
+    """`CacheCopies`: a job that fails is logged, and a clean-up that raises (a journal
+    file that cannot be removed) still counts the copy as ended, so unmount's wait for
+    the copies returns instead of hanging."""
+    copies = uploads_module.CacheCopies()
+    ran: list[str] = []
+
+    async def job() -> None:
+        ran.append("job")
+        raise OSError("disk gone")
+
+    def cleanup() -> None:
+        ran.append("cleanup")
+        raise OSError("cannot remove")
+
+    background = Background()
+    async with trio.open_nursery() as nursery:
+        with background.attached(nursery):
+            copies.start(background.spawn, "f", job, cleanup)
+            assert copies.running == 1
+            with trio.fail_after(5):
+                await copies.wait_idle()
+    assert ran == ["job", "cleanup"] and copies.running == 0 and background.errors == 1

@@ -148,9 +148,10 @@ class Blocks:
         """A random read of ``length`` bytes at ``offset`` of the object, within block
         ``key``: only these bytes from a tier that holds the block (a slice in RAM, one
         pread on the SSD tier), else the whole block if a tier must check it first or its
-        download is under way, else pieces (`read_range`). A whole block is not brought
-        into RAM for a 4 KiB read: across a large object that evicts what sequential
-        readers need and costs 8 MiB of reading per read."""
+        download is under way, else pieces (`read_range`). Only a block the SSD tier must
+        check first (found on disk at mount) is read whole, once; otherwise no whole block
+        is read or brought into RAM for a 4 KiB read: across a large object that evicted
+        what sequential readers need and cost 8 MiB of reading per read."""
         within = offset - key.index * self.block_size
         for tier in self.tiers:
             try:

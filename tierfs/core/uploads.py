@@ -87,10 +87,12 @@ class CacheCopies:
             except Exception as err:
                 log.warning("could not keep gs://%s in the SSD tier: %s", name, err)
             finally:
-                cleanup()
-                self.running -= 1
-                if not self.running:
-                    self._idle.set()
+                try:
+                    cleanup()
+                finally:  # (a clean-up that raises must not leave unmount waiting)
+                    self.running -= 1
+                    if not self.running:
+                        self._idle.set()
 
         spawn(run)
 
