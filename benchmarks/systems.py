@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from benchmarks.env import Env
+from benchmarks.env import META_BUCKET, Env
 from tierfs.cli.daemon import daemon_pids
 
 TIERFS = str(Path(sys.executable).parent / "tierfs")
@@ -454,14 +454,25 @@ class Rclone(SpawnedFuse):
 class NullFuse(SpawnedFuse):
     """The stack's ceiling: `benchmarks.nullfs`, pyfuse3 + trio with files in a dict and
     nothing behind them. Driven like a local directory (durable means fsync, which it
-    answers at once); what tierfs's create rate and its Orbax and DCP save times are
-    measured against."""
+    answers at once); what tierfs's create rate, its Orbax and DCP save times, and its
+    stat and ``ls -lR`` rates are measured against. For the metadata workload the tree
+    is written into it after each mount (it keeps nothing across one): "cold" there
+    means the kernel forgot every name, and the daemon answers each from memory."""
 
     name = "pyfuse3-null"
     description = "pyfuse3 + trio, files in a dict, nothing behind them (benchmarks/nullfs.py)"
     kind = "local"
     network = False
-    only = ("create", "orbax", "dcp")
+    only = ("create", "orbax", "dcp", "meta")
+
+    def mount(self, bucket: str, *, fresh: bool = True) -> Path:
+        root = super().mount(bucket, fresh=fresh)
+        if bucket == META_BUCKET:
+            for directory in self.env.meta_dirs:
+                (root / directory).mkdir(parents=True, exist_ok=True)
+            for name, size in self.env.meta_files.items():
+                (root / name).write_bytes(b"m" * size)
+        return root
 
     def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
         self._spawn([sys.executable, "-m", "benchmarks.nullfs", str(mountpoint)], mountpoint, log)

@@ -237,7 +237,8 @@ OPTIONS: tuple[Option, ...] = (
         "metadata-cache:enable-metadata-prefetch",
         _B,
         True,
-        "List a directory in the background on first open to fill the stat cache.",
+        "List a directory in the background on first lookup to fill the stat cache, and"
+        " its subdirectories, whose listings answer a walker's next readdir within 2 s.",
     ),
     _opt(
         "metadata-cache:metadata-prefetch-entries-limit",

@@ -13,8 +13,9 @@ import trio.testing
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO, Inode
+from tierfs.core.listahead import FRESH_S, MAX_ENTRIES, ListedAhead
 from tierfs.core.metacache import PRUNE_AT, MetadataCache
-from tierfs.core.namespace import MISSING, Found
+from tierfs.core.namespace import MISSING, DirListing, Found
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
 from tierfs.storage import ObjectInfo
 from tierfs.storage.memory import MemoryBucket
@@ -274,6 +275,93 @@ async def test_listing_a_directory_lists_its_subdirectories_ahead(tmp_path: Path
         nursery.cancel_scope.cancel()
 
 
+async def listdir(fs: Filesystem, ino: int) -> dict[str, Inode]:
+    fh = fs.opendir(ino)
+    try:
+        return {name: inode for name, inode, _ in await fs.readdir(fh, 0)}
+    finally:
+        fs.releasedir(fh)
+
+
+async def test_a_listing_confirms_the_directories_whose_placeholders_it_names(
+    tmp_path: Path,
+) -> None:
+    """Default options (no implicit-dirs): a listing names the placeholders of its
+    prefixes, so ``ls -l`` of a tree made by gcsfuse (placeholders everywhere) needs no
+    lookup of each directory (two stats each before); a prefix without a placeholder is
+    still listed but not confirmed, and is not found."""
+    fs, bucket, _ = make(tmp_path, entry_timeout_s=60.0)  # (a mount's, from the TTL)
+    for d in range(3):
+        bucket.put(f"d{d}/", b"")
+        bucket.put(f"d{d}/f", b"x")
+    bucket.put("bare/f", b"x")  # another tool's object: no placeholder
+    entries = await listdir(fs, ROOT_INO)
+    assert sorted(entries) == ["bare", "d0", "d1", "d2"]
+    assert [entries[f"d{d}"].placeholder for d in range(3)] == [True, True, True]
+    assert fs.attr(entries["d0"]).entry_timeout_s == 60.0  # the kernel may keep the name
+    assert fs.attr(entries["bare"]).entry_timeout_s == 0.0  # it must ask, and find nothing
+    before = bucket.statistics()["stats"]
+    for d in range(3):
+        assert (await fs.lookup(ROOT_INO, f"d{d}")).ino == entries[f"d{d}"].ino
+    assert bucket.statistics()["stats"] == before  # confirmed by the listing
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "bare")
+
+
+async def test_a_walkers_readdir_takes_the_listing_made_ahead_once_and_only_while_fresh(
+    tmp_path: Path,
+) -> None:
+    """``ls -lR``: listing a directory lists its subdirectories in the background, and the
+    walker's readdir of each takes that listing instead of waiting for its own (one round
+    trip per directory, one after another, was the cold walk's time). Only once, only
+    within `FRESH_S` of when it was sent, and never after a change through this mount:
+    else the readdir lists GCS, as with no listing ahead."""
+    bucket = MemoryBucket("meta")
+    clock = Clock()
+    for d in range(4):
+        bucket.put(f"d{d}/", b"")
+        bucket.put(f"d{d}/f", b"x")
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path)),
+            monotonic_s=clock,
+            background=Background(nursery),
+        )
+        root = await listdir(fs, ROOT_INO)
+        await trio.testing.wait_all_tasks_blocked()
+        lists = bucket.statistics()["lists"]
+        assert lists == 1 + 4  # the root, and each subdirectory ahead of the walker
+        bucket.put("d0/new", b"y")  # another client, after d0 was listed ahead
+        assert sorted(await listdir(fs, root["d0"].ino)) == ["f"]  # the listing made ahead
+        assert bucket.statistics()["lists"] == lists
+        assert sorted(await listdir(fs, root["d0"].ino)) == ["f", "new"]  # once only
+        assert bucket.statistics()["lists"] == lists + 1
+        clock.now += FRESH_S + 0.1  # d1's listing is now too old to answer
+        bucket.put("d1/new", b"y")
+        assert sorted(await listdir(fs, root["d1"].ino)) == ["f", "new"]
+        assert bucket.statistics()["lists"] == lists + 2
+        clock.now -= FRESH_S + 0.1  # (d2's and d3's are fresh again, for the last check)
+        bucket.put("d2/new", b"y")
+        handle, _ = await fs.create(root["d3"].ino, "mine", os.O_WRONLY)
+        await fs.release(handle.fh)  # a change through this mount: no listing ahead serves
+        assert sorted(await listdir(fs, root["d2"].ino)) == ["f", "new"]
+        assert sorted(await listdir(fs, root["d3"].ino)) == ["f", "mine"]
+        nursery.cancel_scope.cancel()
+
+
+def test_listings_kept_ahead_stay_within_their_entry_budget() -> None:
+    ahead = ListedAhead(ttl_s=60.0)
+    files = tuple((f"f{i}", ObjectInfo(f"d/f{i}", 1, 1)) for i in range(999))
+    for d in range(MAX_ENTRIES // 1000 + 10):
+        ahead.put(f"d{d}", DirListing(files, (), sent_s=0.0), changes=0)
+    assert len(ahead) == MAX_ENTRIES // 1000  # the oldest dropped first
+    assert ahead.take("d0", 0.0, 0) is None and ahead.take(f"d{len(ahead) + 9}", 0.0, 0)
+    ahead.put("cut", DirListing(files, (), sent_s=0.0, complete=False), changes=0)
+    assert ahead.take("cut", 0.0, 0) is None  # a cut listing cannot answer a readdir
+    assert ListedAhead(ttl_s=0.0).fresh_s == 0.0  # metadata TTL 0: nothing is kept
+
+
 async def test_lookups_during_a_prefetch_wait_for_it_instead_of_asking_gcs(
     tmp_path: Path,
 ) -> None:
@@ -346,7 +434,13 @@ async def test_the_kernel_keeps_its_listing_only_while_ours_is_kept(tmp_path: Pa
     assert not keeps()
     assert await listing(fs) == {"a", "mine"}
     assert keeps()
-    assert fs.statistics()["directories"] == {"opens": 10, "kept": 4, "listings_served": 3}
+    assert fs.statistics()["directories"] == {
+        "opens": 10,
+        "kept": 4,
+        "listings_served": 3,
+        "listed_ahead": 0,
+        "listed_ahead_unused": 0,
+    }
 
 
 async def test_without_a_list_ttl_the_kernel_never_keeps_a_listing(tmp_path: Path) -> None:

@@ -279,6 +279,26 @@ async def test_list_with_delimiter(bucket: Bucket) -> None:
     assert await bucket.list("nothing/") == Listing(objects=(), prefixes=())
 
 
+async def test_a_listing_names_the_placeholders_of_its_prefixes(bucket: Bucket) -> None:
+    """With a delimiter, the prefixes whose own object (``dir/``) exists come with it, so a
+    listing says which directories are explicit with no lookup of each; the placeholders
+    are not among the objects, and a cut listing names only those of the prefixes kept."""
+    for name in ("p/", "p/f", "p/q/", "p/q/x", "p/r/y", "p/s/", "p/t"):
+        await bucket.write_bytes(name, b"", if_generation_match=0)
+    listing = await bucket.list("p/")
+    assert names_of(listing) == ["p/", "p/f", "p/t"]
+    assert listing.prefixes == ("p/q/", "p/r/", "p/s/")
+    assert [info.name for info in listing.placeholders] == ["p/q/", "p/s/"]
+    q = await bucket.stat("p/q/")
+    assert listing.placeholders[0].generation == q.generation
+    root = await bucket.list("")
+    assert (root.prefixes, [i.name for i in root.placeholders]) == (("p/",), ["p/"])
+    capped = await bucket.list("p/", max_results=3)
+    assert capped.prefixes == ("p/q/",)
+    assert [info.name for info in capped.placeholders] == ["p/q/"]
+    assert (await bucket.list("p/", delimiter=None)).placeholders == ()
+
+
 async def test_list_without_delimiter(bucket: Bucket) -> None:
     for name in ("d/a", "d/b/c", "d/b/d/e", "e", "d/"):
         await bucket.write_bytes(name, b"1", if_generation_match=0)

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from tierfs.core.handles import DirHandle
-from tierfs.core.inodes import ROOT_INO, Inode, Kind
+from tierfs.core.inodes import Inode, Kind
 from tierfs.core.namespace import DirListing, Found
 from tierfs.core.writer import Staged, parse_mtime
 from tierfs.errors import AlreadyExists, NotADirectory, NotEmpty, NotFound, PreconditionFailed
@@ -113,7 +113,15 @@ class Directories(_Base):
             # The old prefix first: an object moved between the two listings is in both,
             # never in neither (it is copied before it is deleted).
             old = await self.names.list_dir(source, fresh=True)
-        listing = await self.names.list_dir(directory.path, fresh=old is not None)
+        listing = None
+        if old is None and not self.names.kept(directory.path):
+            listing = await self._listed_ahead(directory.path)
+            if listing is not None:
+                self.names.keep(directory.path, listing)
+        if listing is None:
+            listing = await self.names.list_dir(directory.path, fresh=old is not None)
+        if listing.dirs and not self.pending_moves:  # (a walker's next readdirs)
+            self._list_ahead(directory.path, listing.dirs)
         entries = self._reuse_listed(directory.path, listing)
         if entries is None:
             entries, skipped = [], False
@@ -125,10 +133,16 @@ class Directories(_Base):
                     skipped = True
                     continue
                 inode = self.inodes.current(path)
+                placeholder = listing.placeholders.get(part)
                 if inode is None or inode.kind is not Kind.DIR:
                     inode = self.inodes.make(
-                        Kind.DIR, path, mtime_ns=self.inodes[ROOT_INO].mtime_ns
+                        Kind.DIR,
+                        path,
+                        mtime_ns=self._dir_mtime(placeholder),
+                        placeholder=placeholder is not None,
                     )
+                elif placeholder is not None:
+                    inode.placeholder = True  # (the kernel may keep the name: `_confirmed`)
                 entries.append((part, inode))
             for entry_name, info in listing.files:
                 path = self.names.child_path(directory.path, entry_name)

@@ -47,6 +47,7 @@ from tierfs.core.handles import DirHandle, FileHandle, HandleTable
 from tierfs.core.inodes import ROOT_INO, Inode, InodeTable, Kind
 from tierfs.core.kernel import Kernel, NoKernel
 from tierfs.core.lifecycle import Lifecycle
+from tierfs.core.listahead import ListedAhead
 from tierfs.core.lookups import Lookups
 from tierfs.core.metacache import MetadataCache
 from tierfs.core.namespace import (
@@ -224,6 +225,7 @@ class Filesystem(
         self._monotonic_s = monotonic_s
         self._prefetched_dirs: dict[str, float] = {}
         self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
+        self._ahead = ListedAhead(settings.metadata_ttl_s)  # answers for a walker's readdirs
         self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,

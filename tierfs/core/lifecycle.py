@@ -34,7 +34,11 @@ class Lifecycle(_Base):
             "gcs": self.bucket.statistics(),
             "data": self.blocks.statistics(),
             "metadata_cache": self.metadata.statistics(),
-            "directories": dict(self.dir_counts),
+            "directories": {
+                **self.dir_counts,
+                "listed_ahead": self._ahead.used,  # readdirs answered by a listing made ahead
+                "listed_ahead_unused": self._ahead.stale,  # too old, or a change came after
+            },
             "hidden_names": self.names.hidden_names,
             "passthrough": self.backings.statistics(),
             "inodes": len(self.inodes),

@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from tierfs.core.inodes import ROOT_INO, Inode, Kind
-from tierfs.core.namespace import (
-    is_symlink,
-)
+from tierfs.core.namespace import DirListing, is_symlink
 from tierfs.core.writer import parse_mtime
 from tierfs.errors import (
     NotFound,
@@ -83,16 +81,33 @@ class Lookups(_Base):
                 entries = self.settings.metadata_prefetch_entries
                 if not children:  # listed ahead, maybe never walked: one page at most
                     entries = min(entries, CHILD_ENTRIES) if entries >= 0 else CHILD_ENTRIES
-                subdirs = await self.names.prefetch(dir_path, entries)
+                changes = self.names.changes  # (before it is sent: see `ListedAhead`)
+                listing = await self.names.prefetch(dir_path, entries)
+                self._ahead.put(dir_path, listing, changes)
+                subdirs = listing.dirs
         except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
             log.debug("metadata prefetch of %r failed: %s", dir_path, err)
         finally:
             self._listing_in_flight.pop(dir_path).set()
         if children:
-            for part in subdirs[:PREFETCH_CHILDREN]:
-                child = self.names.child_path(dir_path, part)
-                if not self.owned.owns(child):
-                    self._prefetch_listing(child, children=False)
+            self._list_ahead(dir_path, subdirs)
+
+    def _list_ahead(self, dir_path: str, subdirs: tuple[str, ...]) -> None:
+        """List the subdirectories a listing named, in the background (up to
+        `PREFETCH_CHILDREN`): a walker's readdir of each then finds its listing waiting
+        (`tierfs.core.listahead`), and a stat storm its names in the metadata cache."""
+        for part in subdirs[:PREFETCH_CHILDREN]:
+            child = self.names.child_path(dir_path, part)
+            if not self.owned.owns(child):
+                self._prefetch_listing(child, children=False)
+
+    async def _listed_ahead(self, dir_path: str) -> DirListing | None:
+        """A listing of ``dir_path`` made in the background that may answer a readdir now
+        (`ListedAhead.take`), after waiting for one on its way."""
+        in_flight = self._listing_in_flight.get(dir_path)
+        if in_flight is not None:
+            await in_flight.wait()
+        return self._ahead.take(dir_path, self._monotonic_s(), self.names.changes)
 
     def remember(self, inode: Inode) -> None:
         """The kernel accepted ``inode`` in a readdir reply."""

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -62,6 +62,10 @@ class DirListing:
     files: tuple[tuple[str, ObjectInfo], ...]  # (entry name, object)
     dirs: tuple[str, ...]
     sent_s: float = 0.0  # when its request was sent (the namespace's clock)
+    # The placeholder objects of those of ``dirs`` that have one (entry name -> object):
+    # an explicit directory, known as one without a lookup of its own.
+    placeholders: Mapping[str, ObjectInfo] = field(default_factory=dict)
+    complete: bool = True  # False: cut at a number of entries (a prefetch's one page)
 
 
 def valid_part(part: str) -> bool:
@@ -258,6 +262,16 @@ class Namespace:
         info = await self._stat(self.file_object(path))
         return Found(False, info) if info is not None else None
 
+    def kept(self, path: str) -> bool:
+        """Whether a listing of ``path`` is kept (``kernel-list-cache-ttl-secs``)."""
+        return self.listings is not None and path in self.listings
+
+    def keep(self, path: str, listing: DirListing) -> None:
+        """Keep a listing made ahead, and taken by a readdir, as ``path``'s listing (what
+        `list_dir` keeps), so the kernel may keep its copy of it as well."""
+        if self.listings is not None:
+            self.listings[path] = listing
+
     async def list_dir(self, path: str, *, fresh: bool = False) -> DirListing:
         """A directory's listing; ``fresh``: from GCS now, and not kept (a tree that a
         background rename is moving changes under it)."""
@@ -271,11 +285,16 @@ class Namespace:
             self.listings[path] = listing  # (kept only if nothing changed while it came)
         return listing
 
-    async def prefetch(self, path: str, max_entries: int) -> tuple[str, ...]:
+    @property
+    def changes(self) -> int:
+        """How many changes this mount has made so far (a listing sent before the count
+        last grew may not show one of them)."""
+        return self._changes
+
+    async def prefetch(self, path: str, max_entries: int) -> DirListing:
         """Fill the metadata cache from (the first ``max_entries`` of) a directory's listing
-        (-1: all), without keeping the listing itself; the subdirectories it named."""
-        listing = await self._list_dir(path, None if max_entries < 0 else max(1, max_entries))
-        return listing.dirs
+        (-1: all), without keeping the listing as the directory's (`list_dir`)."""
+        return await self._list_dir(path, None if max_entries < 0 else max(1, max_entries))
 
     async def _list_dir(self, path: str, max_results: int | None = None) -> DirListing:
         prefix = self.dir_object(path)
@@ -323,10 +342,22 @@ class Namespace:
             if cache is not None and not (truncated and last):
                 # (A cut listing may end between 'foo' and 'foo/': the last file is unsure.)
                 cache.put_answer(self.child_path(path, entry), Found(False, info), asked)
-        if self.implicit_dirs and cache is not None:
+        placeholders = {
+            info.name[len(prefix) : -1]: info
+            for info in listing.placeholders
+            if info.name[len(prefix) : -1] in dir_set
+        }
+        if cache is not None:
             for part in dirs:  # without implicit-dirs a prefix alone is not a directory
-                cache.put_answer(self.child_path(path, part), Found(True), asked)
-        return DirListing(tuple(files), tuple(dirs), sent_s)
+                own = placeholders.get(part)
+                if own is not None:
+                    found = Found(True, own, placeholder=True)
+                elif self.implicit_dirs:
+                    found = Found(True)
+                else:
+                    continue
+                cache.put_answer(self.child_path(path, part), found, asked)
+        return DirListing(tuple(files), tuple(dirs), sent_s, placeholders, not truncated)
 
     async def list_below(self, path: str) -> tuple[ObjectInfo, ...]:
         """Every object below a directory (recursively), its placeholder included."""

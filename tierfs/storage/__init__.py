@@ -82,10 +82,17 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class Listing:
-    """One directory level: objects directly under the prefix, and sub-prefixes ('dir/')."""
+    """One directory level: objects directly under the prefix, and sub-prefixes ('dir/').
+
+    ``placeholders``: with a delimiter, the objects named exactly as one of ``prefixes``
+    (a directory's placeholder ``dir/``), which GCS returns beside the prefix when asked
+    (``includeTrailingDelimiter``, as gcsfuse asks): a listing then says which of the
+    directories it names exist on their own, with no lookup of each.
+    """
 
     objects: tuple[ObjectInfo, ...]
     prefixes: tuple[str, ...]
+    placeholders: tuple[ObjectInfo, ...] = ()
 
 
 class Upload(Protocol):
@@ -125,8 +132,9 @@ class Bucket(Protocol):
     ) -> Listing:
         """Objects and prefixes under ``prefix`` (all pages, sorted by name).
 
-        With ``delimiter='/'`` one directory level; with None every object
-        below. ``max_results`` caps objects + prefixes returned.
+        With ``delimiter='/'`` one directory level, and the placeholders of the
+        prefixes listed; with None every object below. ``max_results`` caps objects +
+        prefixes returned.
         """
         ...
 

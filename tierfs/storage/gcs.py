@@ -261,20 +261,29 @@ class GcsBucket(_Uploads):
                 bucket,
                 prefix=prefix or None,
                 delimiter=delimiter,
+                # (as text: the client would send Python's "True", which the emulator
+                # reads as false; GCS takes either)
+                include_trailing_delimiter="true" if delimiter else None,
                 start_offset=start_offset or None,
                 page_size=page_size,
                 retry=retry,
                 timeout=timeout,
             )
             objects: list[ObjectInfo] = []
+            folded: list[ObjectInfo] = []  # named as a prefix: a directory's placeholder
             prefixes: set[str] = set()
             for page in iterator.pages:
                 counters.add(requests=1, lists=1)
-                objects.extend(_info(blob) for blob in page)
+                for blob in page:
+                    info = _info(blob)
+                    if delimiter and info.name.find(delimiter, len(prefix)) >= 0:
+                        folded.append(info)
+                    else:
+                        objects.append(info)
                 prefixes.update(page.prefixes)
                 if max_results is not None and len(objects) + len(prefixes) >= max_results:
                     break
-            return _listing(objects, prefixes, max_results)
+            return _listing(objects, prefixes, max_results, folded)
 
         return await self._call(run, f"gs://{self.name}/{prefix}*", abandon=True)
 
@@ -478,8 +487,14 @@ class GcsBucket(_Uploads):
             raise error from exc
 
 
-def _listing(objects: list[ObjectInfo], prefixes: set[str], max_results: int | None) -> Listing:
-    """Sort, and cap objects + prefixes together at ``max_results`` in name order."""
+def _listing(
+    objects: list[ObjectInfo],
+    prefixes: set[str],
+    max_results: int | None,
+    folded: list[ObjectInfo],
+) -> Listing:
+    """Sort, and cap objects + prefixes together at ``max_results`` in name order; the
+    placeholders of the prefixes kept."""
     objects.sort(key=lambda info: info.name)
     ordered = sorted(prefixes)
     if max_results is not None and len(objects) + len(ordered) > max_results:
@@ -489,4 +504,8 @@ def _listing(objects: list[ObjectInfo], prefixes: set[str], max_results: int | N
         )[:max_results]
         objects = [info for _, info in merged if info is not None]
         ordered = [name for name, info in merged if info is None]
-    return Listing(objects=tuple(objects), prefixes=tuple(ordered))
+    kept = set(ordered)
+    placeholders = sorted((i for i in folded if i.name in kept), key=lambda info: info.name)
+    return Listing(
+        objects=tuple(objects), prefixes=tuple(ordered), placeholders=tuple(placeholders)
+    )

@@ -185,6 +185,7 @@ class MemoryBucket:
         await self._begin("list", lists=1)
         objects: list[ObjectInfo] = []
         prefixes: list[str] = []
+        placeholders: list[ObjectInfo] = []  # (`Listing`)
         names = self._sorted_names
         index = bisect.bisect_left(names, max(prefix, start_offset or ""))
         while index < len(names) and names[index].startswith(prefix):
@@ -198,10 +199,15 @@ class MemoryBucket:
                 continue
             folded = name[: cut + len(delimiter or "")]
             prefixes.append(folded)
+            placeholder = self._objects.get(folded)
+            if placeholder is not None:
+                placeholders.append(placeholder.info)
             # Skip the rest of that subtree: every name starting with `folded` sorts
             # below `folded` with its last character incremented.
             index = bisect.bisect_left(names, folded[:-1] + chr(ord(folded[-1]) + 1), index)
-        return Listing(objects=tuple(objects), prefixes=tuple(prefixes))
+        return Listing(
+            objects=tuple(objects), prefixes=tuple(prefixes), placeholders=tuple(placeholders)
+        )
 
     async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0:
