@@ -48,6 +48,7 @@ from tierfs.cli.emulator import Emulator
 
 DATA_BUCKET = "bench-data"
 META_BUCKET = "bench-meta"
+EMULATOR_RSS_LIMIT = 8 << 30  # restarted before a workload past this (`emulator_needs_restart`)
 PROFILES = ("plain", "shaped")
 
 
@@ -251,6 +252,26 @@ class Env:
         self.defer(self.admin.close)
         self._upload_data_sets()
         self.log(f"emulator restarted, data loaded again in {time.monotonic() - started:.1f}s")
+
+    def emulator_needs_restart(self) -> str | None:
+        """Why the emulator should be started afresh before the next workload, or None: it
+        died, or it holds more than `EMULATOR_RSS_LIMIT` (in one full run it reached 20 GB
+        within the first profile, after the save workloads, and was OOM-killed: every cell
+        after it failed with "connection refused")."""
+        assert self.emulator is not None
+        pid = self.emulator.pid
+        if not self.emulator.running or pid is None:
+            return "it is not running"
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        rss = int(line.split()[1]) * 1024
+                        if rss > EMULATOR_RSS_LIMIT:
+                            return f"it holds {rss / (1 << 30):.1f} GiB"
+        except OSError:
+            return "it is gone"
+        return None
 
     def _start_emulator(self) -> None:
         assert self.emulator is not None

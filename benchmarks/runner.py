@@ -80,10 +80,14 @@ class Runner:
 
     def run(self) -> list[Record]:
         for index, profile in enumerate(self.profiles):
-            if index > 0 and any(SYSTEMS[name].network for name in self.systems):
+            if index > 0 and self._network():
                 self.env.restart_emulator()
             for turn, workload_name in enumerate(self.workloads):
                 workload = WORKLOADS[workload_name]
+                why = self.env.emulator_needs_restart() if self._network() else None
+                if why is not None:
+                    self.log(f"[{profile}] before {workload_name}: restarting the emulator ({why})")
+                    self.env.restart_emulator()
                 for system_name in cell_order(self.systems, turn):
                     system_cls = SYSTEMS[system_name]
                     if system_cls.only and workload_name not in system_cls.only:
@@ -93,6 +97,9 @@ class Runner:
                         continue
                     self._cell(profile, workload, system_cls)
         return self.records
+
+    def _network(self) -> bool:
+        return any(SYSTEMS[name].network for name in self.systems)
 
     def _copy(self, system: str, workload: type[Workload], source: str, profile: str) -> None:
         for record in [

@@ -17,14 +17,7 @@ from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import stats
-
-CHECKPOINT_LINE = (
-    "implicit-dirs,metadata-cache:negative-ttl-secs:0,metadata-cache:ttl-secs:-1,"
-    "metadata-cache:stat-cache-max-size-mb:-1,metadata-cache:type-cache-max-size-mb:-1,"
-    "file-cache:max-size-mb:-1,file-cache:cache-file-for-range-read:true,"
-    "file-system:kernel-list-cache-ttl-secs:0,file-cache:enable-parallel-downloads:true,"
-    "read_ahead_kb=1024,write:enable-streaming-writes:true"
-)
+from tests.test_options_forms import CHECKPOINT_LINE
 
 
 def make_tree(client: storage.Client, bucket: str) -> tuple[dict[str, int], int]:

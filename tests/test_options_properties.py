@@ -42,18 +42,11 @@ from mount_options.kinds import (
     OctalKind,
 )
 from mount_options.tokens import DROPPED, FUSE_FLAGS, FUSE_VALUED
+from tests.test_options_forms import CHECKPOINT_LINE
 
 MO = MOUNT_OPTION
 FUSE = "file-system:fuse-options"
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-CHECKPOINT_LINE = (
-    "implicit-dirs,metadata-cache:negative-ttl-secs:0,metadata-cache:ttl-secs:-1,"
-    "metadata-cache:stat-cache-max-size-mb:-1,metadata-cache:type-cache-max-size-mb:-1,"
-    "file-cache:max-size-mb:-1,file-cache:cache-file-for-range-read:true,"
-    "file-system:kernel-list-cache-ttl-secs:0,file-cache:enable-parallel-downloads:true,"
-    "read_ahead_kb=1024,write:enable-streaming-writes:true"
-)
 
 
 def dump_yaml(data: Any) -> str:

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,6 +18,8 @@ from tierfs.cli.control import request
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
+from tierfs.errors import BackendError, PreconditionFailed
+from tierfs.storage import ObjectInfo
 from tierfs.storage.memory import MemoryBucket
 
 MiB = 1 << 20
@@ -74,6 +77,59 @@ async def test_anything_out_of_order_falls_back_with_the_same_bytes(
     await fs.release(handle.fh)
     assert bucket.names() == [name]
     assert bucket.get(name) == expected
+
+
+class _LostAnswer(MemoryBucket):
+    """A bucket whose streaming uploads make their object and then fail (the answer to
+    the last request lost), or, with ``made`` False, fail having made nothing while
+    another client's object with other bytes appears."""
+
+    def __init__(self, made: bool) -> None:
+        super().__init__("s")
+        self.made = made
+
+    async def open_upload(self, name: str, **kwargs: Any) -> Any:
+        upload = await super().open_upload(name, **kwargs)
+        finish = upload.finish
+
+        async def lost() -> ObjectInfo:
+            if self.made:
+                await finish()
+            else:
+                self.put(name, b"another client's bytes")
+            raise BackendError("the session is gone (404)")
+
+        upload.finish = lost
+        return upload
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("made", [True, False])
+async def test_a_stream_that_made_its_object_but_lost_the_answer_is_not_a_conflict(
+    tmp_path: Path, made: bool
+) -> None:
+    """The whole upload after a failed finish fails its precondition on the object the
+    stream made: close must succeed (the object holds exactly the bytes written), not
+    say ESTALE. An object with other bytes is still a conflict."""
+    bucket = _LostAnswer(made)
+    settings = Settings(temp_dir=str(tmp_path), max_streams=2, stream_chunk_bytes=MiB)
+    fs = Filesystem(bucket, settings)
+    data = os.urandom(2 * MiB + 3)
+    async with trio.open_nursery() as nursery:
+        fs.background = Background(nursery)
+        handle, inode = await fs.create(ROOT_INO, "ckpt", os.O_WRONLY)
+        assert inode.stream is not None
+        await fs.write(handle.fh, 0, data)
+        if made:
+            await fs.release(handle.fh)
+            assert bucket.get("ckpt") == data
+            assert (await fs.lookup(ROOT_INO, "ckpt")).size == len(data)
+        else:
+            with pytest.raises(PreconditionFailed):
+                await fs.release(handle.fh)
+            assert bucket.get("ckpt") == b"another client's bytes"
+        nursery.cancel_scope.cancel()
+    fs.close()
 
 
 @pytest.mark.trio

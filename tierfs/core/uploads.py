@@ -24,6 +24,7 @@ from tierfs.core.deletes import DELETE_WORKERS
 from tierfs.core.inodes import Inode, Kind
 from tierfs.core.namespace import Found
 from tierfs.core.streaming import Stream
+from tierfs.core.writeback import file_crc32c
 from tierfs.core.writer import MTIME_KEY, Staged, format_mtime
 from tierfs.errors import PreconditionFailed, UploadedOtherBytes
 from tierfs.storage import ObjectInfo
@@ -136,6 +137,7 @@ class Uploads(_Base):
         """Make the object from the staged file: by finishing its stream if it has one that
         holds every byte, else by uploading the file whole."""
         stream, inode.stream = inode.stream, None
+        version, landed = staged.version, False
         if stream is not None:
             self._streams -= 1
             if staged.size < self.settings.stream_chunk_bytes:
@@ -143,7 +145,6 @@ class Uploads(_Base):
                 # resumable session (and the emulator honours its precondition).
                 await stream.abort()
             elif stream.offset == staged.size and not staged.clobbered:
-                version = staged.version
                 try:
                     info = await stream.finish()
                 except PreconditionFailed:
@@ -152,13 +153,42 @@ class Uploads(_Base):
                     log.warning(
                         "gs://%s: streaming upload failed (%s); uploading whole", object_name, err
                     )
+                    landed = True  # (its last request may have made the object, answer lost)
                 else:
                     staged.base_generation = info.generation
                     staged.uploaded_version = version
                     return info
             else:
                 await stream.abort()
-        return await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
+        try:
+            return await staged.upload(self.bucket, object_name, self._upload_metadata(inode))
+        except PreconditionFailed:
+            own = await self._own_stream(staged, object_name, version) if landed else None
+            if own is None:
+                raise
+            return own
+
+    async def _own_stream(
+        self, staged: Staged, object_name: str, version: int
+    ) -> ObjectInfo | None:
+        """The object a streaming upload made although its finish failed (a stalled last
+        request cut while GCS completed it, then 404 for the session): the whole upload
+        after it fails its precondition on that very object, and close said ESTALE with
+        the bytes in GCS (seen in the bench, 1 GiB streamed to the emulator). It is ours
+        when it holds exactly the staged bytes (size and CRC32C); else None."""
+        try:
+            info = await self.bucket.stat(object_name)
+        except Exception:  # (nothing there, or GCS unreachable: the ESTALE stands)
+            return None
+        if info.size != staged.size or info.crc32c is None:
+            return None
+        crc = await trio.to_thread.run_sync(file_crc32c, f"/proc/self/fd/{staged.fd}")
+        if crc != info.crc32c:
+            return None
+        log.warning("gs://%s: made by the streaming upload after all", object_name)
+        staged.base_generation = info.generation
+        staged.uploaded_version = version
+        return info
 
     async def run_uploads(self, workers: int, retry_s: float = 5.0) -> None:
         """The write-back uploader and deleter (run until cancelled): `tierfs.core.uploader`,
