@@ -149,6 +149,9 @@ class Uploads(_Base):
                     info = await stream.finish()
                 except PreconditionFailed:
                     raise
+                except UploadedOtherBytes as err:
+                    log.warning("%s; uploading whole over it", err)
+                    staged.base_generation = err.generation  # (ours: replaced, not a conflict)
                 except Exception as err:
                     log.warning(
                         "gs://%s: streaming upload failed (%s); uploading whole", object_name, err

@@ -27,6 +27,7 @@ import trio
 from google.api_core import exceptions as api_exceptions
 from google.api_core.retry import Retry
 from google.cloud import storage
+from google.cloud.storage import exceptions as storage_exceptions
 
 from tierfs.errors import (
     BackendError,
@@ -78,7 +79,20 @@ class GcsUpload:
         blob, writer = self._blob, self._writer
 
         def run() -> ObjectInfo:
-            writer.close()  # the last chunk; the object exists from here
+            try:
+                writer.close()  # the last chunk; the object exists from here
+            except storage_exceptions.DataCorruption as err:
+                # The session made an object, of other bytes than were written (a chunk
+                # whose answer was lost, sent again: the emulator appends it twice). That
+                # generation is ours: the whole upload that follows replaces it.
+                generation = _generation_of(err.response)
+                if not generation:
+                    raise
+                raise UploadedOtherBytes(
+                    f"gs://{self._owner.name}/{blob.name}: GCS holds other bytes than were"
+                    f" streamed ({err})",
+                    generation,
+                ) from err
             blob.reload()  # BlobWriter keeps no response: read back the new generation
             return _info(blob)
 
@@ -110,6 +124,14 @@ def _info(blob: storage.Blob) -> ObjectInfo:
         content_type=blob.content_type,
         crc32c=blob.crc32c,
     )
+
+
+def _generation_of(response: Any) -> int:
+    """The generation an upload's answer names (0: none, or no answer to read)."""
+    try:
+        return int(response.json().get("generation", 0))
+    except Exception:  # (no JSON body, or none at all)
+        return 0
 
 
 def _updated_s(blob: storage.Blob) -> float:
