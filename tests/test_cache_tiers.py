@@ -197,7 +197,7 @@ KEYS = [
     BlockKey(name, gen, index) for name in ("x", "y/z", "w") for gen in (1, 2) for index in (0, 1)
 ]
 OPS = st.lists(
-    st.tuples(st.sampled_from(["put", "put", "get"]), st.integers(0, len(KEYS) - 1)),
+    st.tuples(st.sampled_from(["put", "put", "get", "part"]), st.integers(0, len(KEYS) - 1)),
     max_size=40,
 )
 SIZES = st.lists(st.integers(1, 20_000), min_size=len(KEYS), max_size=len(KEYS))
@@ -226,10 +226,16 @@ def check_lru(tier: RamTier | SsdTier, capacity: int, ops: list[tuple[str, int]]
                         model.popitem(last=False)
                         evictions += 1
                     model[key] = cost(key)
-            else:
+            elif op == "get":
                 got = await tier.get(key)
                 assert got == (data if key in model else None), (op, key)
                 if key in model:
+                    model.move_to_end(key)
+            else:  # a random reader's part of the block (the SSD tier: on a kept descriptor)
+                start, length = len(data) // 3, max(1, len(data) // 3)
+                part = await tier.read_part(key, start, length)
+                assert part == (data[start : start + length] if key in model else None), (op, key)
+                if key in model:  # a part read is a use of its block
                     model.move_to_end(key)
             stats = tier.statistics()
             assert stats["used_bytes"] == sum(model.values()) <= capacity
@@ -584,6 +590,38 @@ async def test_ssd_unpinned_eviction_punches_only_that_block(tmp_path: Path) -> 
     assert await ssd.get(blocks[0][0]) is None
     assert [await ssd.get(k) == d for k, d in blocks[1:]] == [True, True]
     assert ssd.statistics()["corrupt"] == 0
+
+
+async def test_ssd_part_reads_take_no_thread_and_never_read_a_file_that_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts of trusted blocks are read on the trio thread from a kept descriptor (a
+    thread hop cost more than the read); that descriptor is closed when its object's
+    last block goes, so a data file made anew under the same name is the one read."""
+    ssd = await open_ssd(tmp_path, max_bytes=2 * (BLOCK + 4096))
+    blocks = shard()
+    await ssd.put(*blocks[1])
+    threads = 0
+    real = trio.to_thread.run_sync
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal threads
+        threads += 1
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    key, data = blocks[1]
+    for offset in (0, 4096, BLOCK - 4096):
+        assert await ssd.read_part(key, offset, 4096) == data[offset : offset + 4096]
+    assert threads == 0
+    for n in range(2):  # push the shard out: its data file is unlinked
+        other = BlockKey(f"other{n}", 1, 0)
+        await ssd.put(other, payload(other, BLOCK))
+    assert not ssd.data_path_of("ckpt/shard", 7).exists()
+    assert await ssd.read_part(key, 0, 4096) is None
+    changed = bytes(reversed(data))  # other bytes than the old file held, to tell them apart
+    await ssd.put(key, changed)
+    assert await ssd.read_part(key, 4096, 4096) == changed[4096:8192]
 
 
 async def test_ssd_open_deletes_the_old_format_and_orphans(tmp_path: Path) -> None:

@@ -47,7 +47,9 @@ Accounting and invariants:
   ``_busy`` (being written or deleted right now); puts of a busy or present block
   are skipped (same key, same bytes: decision 2), and so are puts into an object whose
   data file is being deleted. Gets of an absent block miss without touching the disk.
-- All blocking file I/O runs in ``trio.to_thread.run_sync`` under the given limiter;
+- All blocking file I/O runs in ``trio.to_thread.run_sync`` under the given limiter,
+  but for small reads of trusted blocks (`tierfs.cache.ssd_parts`: one ``pread`` is
+  cheaper than the thread hop);
   threads get immutable inputs (paths, bytes, ints) and never touch the index, which
   is changed only on the trio thread, between checkpoints. The writes and deletes
   are shielded from cancellation so the index always learns their outcome.
@@ -90,6 +92,7 @@ from tierfs.cache.ssd_format import (
     capacity_for,
     safety_margin,
 )
+from tierfs.cache.ssd_parts import PartFiles
 from tierfs.cache.ssd_read import _Reads
 from tierfs.cache.ssd_scan import _prepare
 from tierfs.cache.ssd_seals import Passthrough, _Seals
@@ -164,6 +167,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         self._by_name: dict[str, set[str]] = {}  # name hash -> its objects in the index
         self._busy: set[str] = set()
         self._busy_objects: set[str] = set()  # data files being deleted
+        self._parts = PartFiles()  # descriptors for small reads on the trio thread
         self._trusted: set[str] = set()  # stems written or CRC-checked by this process
         self._sealed: set[str] = set()  # objects whose seal this process wrote or checked
         self._pins: Counter[str] = Counter()

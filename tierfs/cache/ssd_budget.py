@@ -49,6 +49,7 @@ class _Budget(_Base):
         stems.discard(stem)
         if not stems:
             del self._objects[obj]
+            self._parts.close(obj)  # before its data file may be unlinked and made anew
             objects = self._by_name[stem[:_NAME_HASH_HEX]]
             objects.discard(obj)
             if not objects:

@@ -91,15 +91,17 @@ class _Reads(_Base):
         stem = self._stem(_name_bytes(key.name), key)
         if stem not in self._index or stem not in self._trusted:
             return None
+        obj = _object_of(stem)
+        at = key.index * self._block_size + offset
         forgets = self._forgets
         try:
-            data = await trio.to_thread.run_sync(
-                _read_part,
-                self._data_path(_object_of(stem)),
-                key.index * self._block_size + offset,
-                length,
-                limiter=self._limiter,
-            )
+            # On the trio thread first (`tierfs.cache.ssd_parts`): nothing awaits between
+            # the index check above and this read, so the block cannot be dropped under it.
+            data = self._parts.read(obj, self._data_path(obj), at, length)
+            if data is None:
+                data = await trio.to_thread.run_sync(
+                    _read_part, self._data_path(obj), at, length, limiter=self._limiter
+                )
         except OSError as exc:
             self._errors += 1
             log.debug("SSD cache: cannot read part of %s: %s", self._describe(key), exc)
