@@ -73,6 +73,8 @@ from pathlib import Path
 
 import google_crc32c
 
+from tierfs.cache.ssd_direct import write_payload
+
 log = logging.getLogger("tierfs.cache")
 
 MiB = 1 << 20
@@ -300,13 +302,7 @@ def _write_block(
     the data file is never served, and goes with the file)."""
     failures = _apply_drops(drops)
     _make_dir(record.parent)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(data_path, flags, _FILE_MODE)
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        _write_all(fd, data, offset)
-    finally:
-        os.close(fd)
+    write_payload(data_path, data, offset, _FILE_MODE)  # past the page cache (ssd_direct)
     _publish(record, header)
     return failures
 
