@@ -25,6 +25,11 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
+class NotApplicable(Exception):
+    """A cell that cannot be measured for a reason of the system's own design (not a
+    failure): the runner records it as "n/a" with this message."""
+
+
 class WrongBytes(AssertionError):
     """What was read back is not what was written."""
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from benchmarks.catalog import WORKLOADS
-from benchmarks.data import WrongBytes
+from benchmarks.data import NotApplicable, WrongBytes
 from benchmarks.env import Env
 from benchmarks.systems import SYSTEMS, FuseSystem, System
 from benchmarks.workloads import RSS, Cell, Metric, Workload
@@ -137,6 +137,8 @@ class Runner:
             system.sample_rss()
         except WrongBytes as err:
             status, reason = "FAIL", f"WRONG BYTES: {err}"
+        except NotApplicable as err:
+            status, reason = "n/a", str(err)
         except Exception as err:
             status = "hang" if hung.is_set() else "error"
             reason = f"{type(err).__name__}: {' '.join(str(err).split())}"[:400]

@@ -1,11 +1,18 @@
 """A benchmark report names the command that reproduces it: a run with workloads or
-systems of its own is not `make bench` (one report said so of a targeted run); and the
-order cells run in."""
+systems of its own is not `make bench` (one report said so of a targeted run); the order
+cells run in; and a save whose directory rename the options refuse is n/a, not an error."""
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
+import pytest
+
 from benchmarks.__main__ import _command
+from benchmarks.data import NotApplicable
 from benchmarks.runner import cell_order
+from benchmarks.saves import commit
 
 
 def test_a_report_names_the_make_target_only_for_a_run_made_by_it() -> None:
@@ -25,3 +32,20 @@ def test_the_systems_are_measured_in_turn_first_and_last() -> None:
     assert cell_order(systems, 1) == ["local", "gcs-direct", "tierfs-wb"]
     assert cell_order(systems, 2) == systems
     assert systems == ["tierfs-wb", "gcs-direct", "local"]  # not reordered in place
+
+
+def test_a_directory_rename_refused_by_the_options_makes_the_cell_not_applicable() -> None:
+    def refused(root: Path) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    def broken(root: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(NotApplicable, match="rename-dir-limit"):
+        commit(refused, Path("/mnt"))
+    with pytest.raises(OSError) as other:  # any other failure stays the system's error
+        commit(broken, Path("/mnt"))
+    assert other.value.errno == errno.EIO
+    done: list[Path] = []
+    commit(done.append, Path("/mnt"))
+    assert done == [Path("/mnt")]
