@@ -10,6 +10,14 @@ fresh page cache, 1.0-1.2 GB/s direct), and those writes were 15 % of a daemon's
 samples during a cold read with a cache dir (perf). A restore that reads the tier
 later reads it from the disk, as it would after any remount.
 
+What it changes, measured in pairs (`benchmarks` read and rand, tierfs-ckpt, plain,
+three runs each way on the bench VM): a read after a remount (a restore) 1,630-1,995
+against 679-974 MB/s buffered; daemon RSS in random reads 364-372 against 403-410 MiB;
+a cold read the same (477-543 against 525-647 MB/s). What it costs: a second read in
+the same mount goes to the disk, not the page cache (818-1,012 against 2,673-3,587
+MB/s), and so do random 1 MiB reads of an object the tier just filled (350-470
+against 1,386-2,550 MB/s); both stay above rclone's (534 and 110-341).
+
 How: the aligned part of a payload (offsets are block multiples, so all but the last
 block's tail) is copied through a reused page-aligned buffer in `CHUNK_BYTES` pieces
 and written with ``pwrite``; the unaligned tail, and everything on a file system that
