@@ -430,3 +430,36 @@ def test_a_streamed_file_whose_chunk_answer_is_lost_closes_without_estale(
     blob = gcs_client.bucket(bucket_name).get_blob("streamed.bin")
     assert blob is not None and blob.download_as_bytes() == data
     assert (mount.path / "streamed.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("cut", ["middle", "last"])
+def test_a_staged_upload_whose_chunk_answer_is_lost_closes(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    cut: str,
+) -> None:
+    """A staged file over 64 MiB goes on as a resumable session (its one request fails),
+    and the answer to the session's 2nd chunk is cut after GCS took it:
+    * the last (65 MiB): the object is made and the session then says 404. GCS's answer
+      to a 404 is to start again; the new session fails its precondition on the object,
+      which holds our bytes;
+    * one in the middle (130 MiB): the emulator appends the re-sent chunk twice and the
+      session makes an object of other bytes, our own generation; one more session
+      replaces it.
+    close() succeeds and the bucket holds the file. Before, close() said ENOENT and EIO
+    (the full bench's 1 GiB staged write failed so)."""
+    mount = mount_factory(fault_proxy.option, "--enable-streaming-writes=false")
+    first = fault_proxy.faults.add(
+        Rule(Action(status=503), method="POST", target=r"uploadType=multipart", times=1)
+    )
+    lost = fault_proxy.faults.add(  # the 2nd of 2 chunks (65 MiB), or of 3 (130 MiB)
+        Rule(Action(truncate=True), method="PUT", target=UPLOADS, nth=2, times=1)
+    )
+    data = os.urandom(BIG_FILE_BYTES if cut == "last" else 2 * BIG_FILE_BYTES)
+    took, result = elapsed((mount.path / "big.bin").write_bytes, data)
+    assert result == len(data) and first.fired == 1 and lost.fired == 1, (result, took)
+    blob = gcs_client.bucket(bucket_name).get_blob("big.bin")
+    assert blob is not None and blob.download_as_bytes() == data
+    assert (mount.path / "big.bin").read_bytes() == data

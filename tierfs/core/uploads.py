@@ -154,7 +154,7 @@ class Uploads(_Base):
                     staged.base_generation = err.generation  # (ours: replaced, not a conflict)
                 except Exception as err:
                     log.warning(
-                        "gs://%s: streaming upload failed (%s); uploading whole", object_name, err
+                        "%s: streaming upload failed (%s); uploading whole", object_name, err
                     )
                     landed = True  # (its last request may have made the object, answer lost)
                 else:
@@ -188,7 +188,7 @@ class Uploads(_Base):
         crc = await trio.to_thread.run_sync(file_crc32c, f"/proc/self/fd/{staged.fd}")
         if crc != info.crc32c:
             return None
-        log.warning("gs://%s: made by the streaming upload after all", object_name)
+        log.warning("%s: made by the streaming upload after all", object_name)
         staged.base_generation = info.generation
         staged.uploaded_version = version
         return info

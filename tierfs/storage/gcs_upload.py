@@ -267,29 +267,49 @@ class _Uploads(_Base):
                     if not retry._predicate(err):
                         raise
                     attempted = True  # GCS may have made it: its answer may be what was lost
-            blob = bucket.blob(name, chunk_size=chunk_bytes)
-            blob.metadata = blob_metadata
-            stream.seek(0)
-            try:
-                blob.upload_from_file(
-                    stream,
-                    size=size,
-                    content_type=content_type or DEFAULT_CONTENT_TYPE,
-                    if_generation_match=if_generation_match,
-                    checksum="crc32c",
-                    retry=retry,
-                    timeout=timeout,
-                )
-            except api_exceptions.PreconditionFailed:
-                if not attempted:
-                    raise
-                own = self._own_object(name, _file_crc(stream.fileno(), size), size)
-                if own is None:
-                    raise
+            precondition, session_retry = if_generation_match, retry
+            for session in range(2):
+                blob = bucket.blob(name, chunk_size=chunk_bytes)
+                blob.metadata = blob_metadata
+                stream.seek(0)
+                try:
+                    blob.upload_from_file(
+                        stream,
+                        size=size,
+                        content_type=content_type or DEFAULT_CONTENT_TYPE,
+                        if_generation_match=precondition,
+                        checksum="crc32c",
+                        retry=session_retry,
+                        timeout=timeout,
+                    )
+                except api_exceptions.NotFound:
+                    # The session is gone (after a chunk whose answer was lost, GCS may
+                    # have made the object and ended it): GCS says start again, once. The
+                    # object may be ours, which the new session's precondition tells.
+                    if session:
+                        raise
+                    attempted = True
+                    continue
+                except storage_exceptions.DataCorruption as err:
+                    # The session made an object of other bytes than were sent (a chunk
+                    # whose answer was lost, sent again: the emulator appends it twice).
+                    # That generation is ours: one more session replaces it.
+                    generation = _generation_of(err.response)
+                    if session or not generation:
+                        raise
+                    precondition, session_retry = generation, self._upload_retry
+                    continue
+                except api_exceptions.PreconditionFailed:
+                    if not attempted:
+                        raise
+                    own = self._own_object(name, _file_crc(stream.fileno(), size), size)
+                    if own is None:
+                        raise
+                    counters.add(bytes_written=size)
+                    return _info(own)
                 counters.add(bytes_written=size)
-                return _info(own)
-            counters.add(bytes_written=size)
-            return _info(blob)
+                return _info(blob)
+            raise AssertionError("unreachable: the second session returns or raises")
 
         try:
             result = await self._call(run, f"gs://{self.name}/{name}", requests=1, uploads=1)
