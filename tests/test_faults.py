@@ -27,6 +27,8 @@ from tests.mounting import stats
 from tierfs.cli.control import request
 from tierfs.cli.emulator import Emulator
 from tierfs.settings import retry as retry_settings
+from tierfs.storage import gcs_upload
+from tierfs.storage.gcs import GcsBucket
 
 pytestmark = pytest.mark.mount
 
@@ -346,9 +348,11 @@ def test_an_unmount_with_gcs_gone_leaves_write_back_files_to_the_next_mount(
     tmp_path: Path,
 ) -> None:
     """100 write-back files wait (a long delay) when every upload's connection starts to
-    be reset. The unmount gives up after the first upload that fails its retries (2 s),
-    not after each of them in turn (100 x 2 s / 16 at a time), and says how many stay in
-    the journal; the next mount, with GCS back, uploads every one."""
+    be reset, and so does the delete of an unlinked object. The unmount gives up after
+    the first upload that fails its retries (2 s), not after each of them in turn (100 x
+    2 s / 16 at a time), nor waits for the delete (it took 300 s more), and says how many
+    stay in the journal; the next mount, with GCS back, uploads every one and deletes."""
+    gcs_client.bucket(bucket_name).blob("old").upload_from_string(b"gone soon")
     cache = f"--cache-dir={tmp_path / 'cache'}"
     options = ("--write-back", "--write-back-delay-secs=3600", cache)
     mount = mount_factory(fault_proxy.option, "--chunk-retry-deadline-secs=2", *options)
@@ -357,15 +361,17 @@ def test_an_unmount_with_gcs_gone_leaves_write_back_files_to_the_next_mount(
     for name, data in files.items():
         (mount.path / name).write_bytes(data)
     fault_proxy.faults.add(Rule(Action(reset=True), target=UPLOADS))
+    fault_proxy.faults.add(Rule(Action(reset=True), method="DELETE"))
+    os.unlink(mount.path / "old")
     took, result = elapsed(mount.unmount)
     assert result.returncode == 0, result  # type: ignore[union-attr]
     assert took < 10, f"unmount took {took:.1f} s"
     assert "stay in the write-back journal" in log_text(mount)
-    assert list(gcs_client.list_blobs(bucket_name)) == []
+    assert [blob.name for blob in gcs_client.list_blobs(bucket_name)] == ["old"]
     mount_factory(*options, name="again")  # straight to the emulator
     deadline = time.monotonic() + 60
-    while len(list(gcs_client.list_blobs(bucket_name))) < len(files):
-        assert time.monotonic() < deadline, "the next mount did not upload them"
+    while sorted(b.name for b in gcs_client.list_blobs(bucket_name)) != sorted(files):
+        assert time.monotonic() < deadline, "the next mount did not upload them, or delete"
         time.sleep(0.1)
     bucket = gcs_client.bucket(bucket_name)
     assert {n: bucket.blob(n).download_as_bytes() for n in files} == files
@@ -463,3 +469,44 @@ def test_a_staged_upload_whose_chunk_answer_is_lost_closes(
     blob = gcs_client.bucket(bucket_name).get_blob("big.bin")
     assert blob is not None and blob.download_as_bytes() == data
     assert (mount.path / "big.bin").read_bytes() == data
+
+
+async def test_an_upload_made_whose_answer_was_lost_is_ours_though_the_file_then_shrank(
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A one-request upload whose answer is cut (GCS made the object), and whose file is
+    truncated before the retry (a write-back upload while the file is written again):
+    the retry finds the file short. The live object holds exactly what the first attempt
+    sent, so the upload succeeded, with that generation. Before, it failed (ValueError),
+    and the object was there unknown to the file: a rename left it behind (the fault-model
+    run listed a file renamed away), and the next upload failed its precondition on it."""
+    path = tmp_path / "staged"
+    data = os.urandom(113_406)
+    path.write_bytes(data)
+    bodies = 0
+    made = gcs_upload._FileBody
+
+    def shrinking(head: bytes, fd: int, size: int, tail: bytes) -> gcs_upload._FileBody:
+        nonlocal bodies
+        bodies += 1
+        if bodies == 2:  # the retry: the file was written again meanwhile, shorter
+            os.truncate(path, 15_439)
+        return made(head, fd, size, tail)
+
+    monkeypatch.setattr(gcs_upload, "_FileBody", shrinking)
+    lost = fault_proxy.faults.add(
+        Rule(Action(truncate=True), method="POST", target=r"uploadType=multipart", times=1)
+    )
+    bucket = GcsBucket.connect(bucket_name, endpoint=fault_proxy.endpoint, anonymous=True)
+    try:
+        info = await bucket.write_file("a", str(path), if_generation_match=0)
+    finally:
+        bucket.close()
+    assert lost.fired == 1 and bodies == 2
+    blob = gcs_client.bucket(bucket_name).get_blob("a")
+    assert blob is not None and info.generation == blob.generation
+    assert blob.download_as_bytes() == data

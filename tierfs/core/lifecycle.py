@@ -72,13 +72,14 @@ class Lifecycle(_Base):
 
     async def sync_all(
         self, path: str = "", *, moves: bool = True, stop_at_failure: bool = False
-    ) -> None:
+    ) -> bool:
         """Upload every dirty file now (``tierfs sync``, unmount, SIGTERM), write-back ones
         included; only ``path`` and what is below it, if given; SYNC_UPLOADS at a time (a
         save of small files is request latency, one by one it took 6 ms a file). Errors
         are raised after trying all: the first, with how many failed. ``stop_at_failure``:
         after the first upload that fails (its retries over), try no more (an unmount with
-        write-back: the journal keeps the rest, and GCS is not answering)."""
+        write-back: the journal keeps the rest, and GCS is not answering); then False is
+        returned, not the error."""
         failures: list[Exception] = []
         limit = trio.CapacityLimiter(SYNC_UPLOADS)
         stop = trio.CancelScope()
@@ -104,14 +105,14 @@ class Lifecycle(_Base):
                         continue
                     if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
                         nursery.start_soon(one, inode)
-        if stop.cancelled_caught:
+        if stop_at_failure and failures:  # (all may have failed before the cancel bit)
             log.warning(
                 "GCS fails (%s): %d file(s) stay in the write-back journal; the next mount "
                 "uploads them",
                 failures[0],
                 self.pending_uploads(),
             )
-            return
+            return False
         if len(failures) > 1:
             log.error("%d files could not be uploaded; the first: %s", len(failures), failures[0])
         if failures:
@@ -120,6 +121,7 @@ class Lifecycle(_Base):
             await moving.wait()  # durable means moved too
         if moves:
             await self.pending_deletes.settled(path)  # and deleted
+        return True
 
     async def finish(self) -> None:
         """At unmount, while background tasks still run: upload every dirty file, let the
@@ -128,11 +130,16 @@ class Lifecycle(_Base):
         the daemon is going away either way (a write-back journal keeps the file)."""
         try:
             # Without write-back nothing else has these files: try them all. With it, the
-            # journal has them: one upload that fails its retries ends the attempt.
-            await self.sync_all(moves=False, stop_at_failure=self.journal is not None)
+            # journal has them: one upload that fails its retries ends the attempt, and
+            # the renames and deletes are not waited for either (GCS is not answering;
+            # they wait in the journal too: unmount took 120 s + 300 s so).
+            answering = await self.sync_all(moves=False, stop_at_failure=self.journal is not None)
         except Exception as err:
             log.error("pending writes could not be uploaded: %s", err)
-        with trio.move_on_after(MOVES_AT_UNMOUNT_S):  # these are journaled: bounded
+            answering = True
+        if not answering:  # nor the requests retrying in flight (the journal has them)
+            self.bucket.let_go()
+        with trio.move_on_after(MOVES_AT_UNMOUNT_S if answering else 0):  # journaled: bounded
             for moving in self.pending_moves:
                 await moving.done.wait()
             if self.deletes.running:  # (not when the loop failed: nothing deletes then)

@@ -207,6 +207,11 @@ class Bucket(Protocol):
         """Set (or, with None, remove) custom metadata keys of that generation."""
         ...
 
+    def let_go(self) -> None:
+        """Requests in flight that change GCS, and any made after, fail at once: the end
+        of an unmount with GCS not answering, the write-back journal holding the rest."""
+        ...
+
     def statistics(self) -> dict[str, int]:
         """Counters so far: ``requests``, ``media_reads``, ``bytes_read``, ``bytes_written``..."""
         ...

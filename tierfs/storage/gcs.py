@@ -10,7 +10,8 @@ builds its own ``Blob``; the only shared state threads touch is the statistics c
 behind a lock.  Cancelling a trio task waits for its request to finish (the HTTP timeout
 bounds that), so no thread outlives the call that started it; only requests that change
 nothing (reads, stats, lists) may be abandoned to finish alone, when a killed caller's
-FUSE request is interrupted (`tierfs.fuse.interrupts`).
+FUSE request is interrupted (`tierfs.fuse.interrupts`), and the others at the end of an
+unmount with GCS not answering (`let_go`; `tierfs.storage.unfinished`).
 
 Retries.  gcsfuse's ``gcs-retries`` options (max attempts, backoff cap, multiplier) are
 mapped onto the library's own machinery, ``google.api_core.retry.Retry``, which wraps
@@ -53,6 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TypeVar
 
 import requests
@@ -84,6 +86,7 @@ from tierfs.storage.retry import (
     _is_transient,
 )
 from tierfs.storage.stall import StallTimeout
+from tierfs.storage.unfinished import Unfinished
 
 __all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
 
@@ -110,6 +113,7 @@ class GcsBucket(_Uploads):
     ) -> None:
         settings = retry if retry is not None else RetrySettings()
         self._throttle = throttle if throttle is not None else Throttle()
+        self._unfinished = Unfinished()
         self.name = bucket_name
         # google-cloud-storage >= 3.17 fetches bucket metadata for tracing attributes in
         # a background thread of its own on first use: a request outside the limiter
@@ -194,6 +198,10 @@ class GcsBucket(_Uploads):
     def close(self) -> None:
         """Close the HTTP connections.  The handle must not be used afterwards."""
         self._client.close()
+
+    def let_go(self) -> None:
+        """Requests in flight that change GCS fail at once, and new ones (`Unfinished`)."""
+        self._unfinished.let_go()
 
     def statistics(self) -> dict[str, int]:
         return {**self._counters.snapshot(), **self._throttle.statistics()}
@@ -475,8 +483,15 @@ class GcsBucket(_Uploads):
                 counters.leave()
 
         try:
-            return await trio.to_thread.run_sync(
-                counted, limiter=self._limiter, abandon_on_cancel=abandon
+            if abandon:
+                return await trio.to_thread.run_sync(
+                    counted, limiter=self._limiter, abandon_on_cancel=True
+                )
+            return await self._unfinished.run(
+                partial(
+                    trio.to_thread.run_sync, counted, limiter=self._limiter, abandon_on_cancel=True
+                ),
+                what,
             )
         except Exception as exc:
             error = _map_error(exc, what)

@@ -156,6 +156,11 @@ def _file_crc(fd: int, size: int) -> str:
     return base64.b64encode(checksum.digest()).decode("ascii")
 
 
+class FileChanged(ValueError):
+    """The file being sent ended before its size when it was taken (truncated meanwhile):
+    the request fails, not hangs; the upload tries again with what the file holds then."""
+
+
 class _FileBody:
     """A request body of ``head``, ``size`` bytes of ``fd`` from offset 0, and ``tail``,
     read as http.client sends it (it asks ``len`` for the Content-Length): a 64 MiB
@@ -177,7 +182,7 @@ class _FileBody:
         elif self._offset < self._size:
             out = os.pread(self._fd, min(amount, self._size - self._offset), self._offset)
             if not out:  # shrank under us: fail the request rather than leave it hanging
-                raise ValueError(f"file ended at {self._offset} of {self._size} bytes")
+                raise FileChanged(f"file ended at {self._offset} of {self._size} bytes")
             self._offset += len(out)
         else:
             out, self._parts[2] = self._parts[2][:amount], self._parts[2][amount:]
@@ -370,11 +375,14 @@ class _Uploads(_Base):
 
         try:
             answer = retry(attempt)() if retry is not None else attempt()
-        except api_exceptions.PreconditionFailed:
-            # A retry whose precondition fails may be failing on our own first attempt:
-            # GCS made the object and its answer was lost (a reset, a stall cut short).
-            # Then the live object holds exactly these bytes, and the upload succeeded.
-            own = self._own_object(name, crc, size) if tries > 1 else None
+        except (api_exceptions.PreconditionFailed, FileChanged):
+            # A retry that fails its precondition, or finds the file changed under it
+            # (`_FileBody`: written or truncated meanwhile), may come after our own first
+            # attempt was made by GCS, its answer lost (a reset, a stall cut short). If
+            # the live object holds exactly these bytes, the upload succeeded: the object
+            # is ours (else a rename or unlink would not know it is there, and the next
+            # upload would fail its precondition on it as on another writer's).
+            own = self._own_object_or_none(name, crc, size) if tries > 1 else None
             if own is None:
                 raise
             answer = dict(own._properties)
@@ -395,6 +403,13 @@ class _Uploads(_Base):
         if blob is None or crc is None or blob.crc32c != crc or blob.size != size:
             return None
         return blob
+
+    def _own_object_or_none(self, name: str, crc: str, size: int) -> storage.Blob | None:
+        """`_own_object`, or None if GCS cannot tell (the caller's error is the one)."""
+        try:
+            return self._own_object(name, crc, size)
+        except Exception:
+            return None
 
     @staticmethod
     def _counting(retry: _BoundedRetry | None) -> tuple[_BoundedRetry | None, builtins.list[int]]:

@@ -166,6 +166,9 @@ class MemoryBucket:
     def close(self) -> None:
         """Like `GcsBucket.close`: nothing to release."""
 
+    def let_go(self) -> None:
+        """Like `GcsBucket.let_go`: no request here outlives its call."""
+
     # -- the protocol --------------------------------------------------------------------
 
     async def stat(self, name: str) -> ObjectInfo:
