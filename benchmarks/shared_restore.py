@@ -8,7 +8,12 @@ A checkpoint of N MiB (8 shards) in an emulator bucket. Each round:
 2. *shared*: M mounts, each with its own cold SSD tier and one shared directory (a
    local directory standing for NFS), restore it at the same moment: each mount's MB/s
    and the GCS bytes they read together (the goal: at most 1.1x the checkpoint);
-3. *late*: one more mount, after them: its GCS media reads (the goal: 0).
+3. *late*: one more mount, after them: its GCS media reads (the goal: 0);
+4. *apart*: M mounts at once again, each with its own cold SSD tier and no shared tier:
+   what each node gets without the shared tier under the same contention. On one
+   machine the M daemons share its cores (and the emulator's), so *shared* is compared
+   with *apart* as well as with *single*; and each phase's daemon CPU seconds per GiB
+   restored says whether the shared tier costs a node more CPU than its own SSD tier.
 
 Every byte read is compared with what was uploaded. The page cache is dropped before
 each phase. Mounts and the emulator are stopped on the way out, whatever happens. Not
@@ -70,11 +75,27 @@ def restore(mountpoint: Path, names: list[str], expected: dict[str, bytes]) -> f
     return time.monotonic() - start
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used so far."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(") ", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 @contextlib.contextmanager
 def many(
-    emulator: Emulator, scratch: Path, label: str, count: int, shared: Path | None
+    emulator: Emulator,
+    scratch: Path,
+    label: str,
+    count: int,
+    shared: Path | None,
+    pids: list[int] | None = None,
 ) -> Iterator[list[Path]]:
-    """``count`` mounts with cold SSD tiers (and the shared directory, if any)."""
+    """``count`` mounts with cold SSD tiers (and the shared directory, if any); their
+    daemons' PIDs added to ``pids``."""
     with contextlib.ExitStack() as stack:
         points = []
         for i in range(count):
@@ -86,9 +107,25 @@ def many(
                     "--enable-experimental-shared-chunk-cache",
                     f"--file-cache-shared-cache-dir={shared}",
                 ]
-            stack.enter_context(mounted(emulator, BUCKET, point, *options))
+            started = stack.enter_context(mounted(emulator, BUCKET, point, *options))
+            if pids is not None:
+                pids.extend(started)
             points.append(point)
         yield points
+
+
+def at_once(points: list[Path], names: list[str], expected: dict[str, bytes]) -> list[float]:
+    """Every mount restores the checkpoint at the same moment; each one's seconds."""
+    times: dict[int, float] = {}
+    start = threading.Barrier(len(points))
+
+    def node(i: int) -> None:
+        start.wait()
+        times[i] = restore(points[i], names, expected)
+
+    with concurrent.futures.ThreadPoolExecutor(len(points)) as pool:
+        list(pool.map(node, range(len(points))))
+    return [times[i] for i in range(len(points))]
 
 
 def one_round(
@@ -99,38 +136,48 @@ def one_round(
     names: list[str],
     expected: dict[str, bytes],
 ) -> dict:
+    gib = total / (1 << 30)
     drop_page_cache()
-    with many(emulator, scratch, "single", 1, None) as (point,):
+    pids: list[int] = []
+    with many(emulator, scratch, "single", 1, None, pids) as (point,):
         seconds = restore(point, names, expected)
-        single = {"mbs": total / seconds / 1e6, "gcs_bytes": stats(point)["gcs"]["bytes_read"]}
+        single = {
+            "mbs": total / seconds / 1e6,
+            "gcs_bytes": stats(point)["gcs"]["bytes_read"],
+            "cpu_per_gib": cpu_seconds(pids) / gib,
+        }
     shared = scratch / "share"
     shared.mkdir()
     drop_page_cache()
-    with many(emulator, scratch, "node", mounts, shared) as points:
-        times: dict[int, float] = {}
-        start = threading.Barrier(mounts)
-
-        def node(i: int) -> None:
-            start.wait()
-            times[i] = restore(points[i], names, expected)
-
-        with concurrent.futures.ThreadPoolExecutor(mounts) as pool:
-            list(pool.map(node, range(mounts)))
+    pids = []
+    with many(emulator, scratch, "node", mounts, shared, pids) as points:
+        times = at_once(points, names, expected)
         numbers = [stats(p) for p in points]
         together = {
-            "mbs": [total / times[i] / 1e6 for i in range(mounts)],
+            "mbs": [total / t / 1e6 for t in times],
             "gcs_bytes": sum(n["gcs"]["bytes_read"] for n in numbers),
             "waits": sum(n["data"]["tiers"]["shared"]["waits"] for n in numbers),
             "shared_hits": sum(n["data"]["tiers"]["shared"]["hits"] for n in numbers),
+            "cpu_per_gib": cpu_seconds(pids) / gib / mounts,
         }
         drop_page_cache()
         with many(emulator, scratch, "late", 1, shared) as (late,):
             seconds = restore(late, names, expected)
             late_stats = stats(late)
+    drop_page_cache()
+    pids = []
+    with many(emulator, scratch, "apart", mounts, None, pids) as points:
+        times = at_once(points, names, expected)
+        apart = {
+            "mbs": [total / t / 1e6 for t in times],
+            "gcs_bytes": sum(stats(p)["gcs"]["bytes_read"] for p in points),
+            "cpu_per_gib": cpu_seconds(pids) / gib / mounts,
+        }
     return {
         "single": single,
         "shared": together,
         "late": {"mbs": total / seconds / 1e6, "media_reads": late_stats["gcs"]["media_reads"]},
+        "apart": apart,
     }
 
 
@@ -156,18 +203,26 @@ def main(argv: list[str] | None = None) -> int:
             scratch.mkdir()
             result = one_round(emulator, scratch, total, args.mounts, names, expected)
             single, shared, late = result["single"], result["shared"], result["late"]
-            worst = min(shared["mbs"])
+            apart = result["apart"]
+            worst, worst_apart = min(shared["mbs"]), min(apart["mbs"])
             print(
                 f"round {r + 1}: checkpoint {total / MiB:.0f} MiB\n"
                 f"  single mount, cold SSD tier: {single['mbs']:.0f} MB/s,"
-                f" GCS read {single['gcs_bytes'] / total:.2f}x the checkpoint\n"
+                f" GCS read {single['gcs_bytes'] / total:.2f}x the checkpoint,"
+                f" daemon CPU {single['cpu_per_gib']:.2f} s/GiB\n"
                 f"  {args.mounts} mounts at once, shared tier: "
                 + ", ".join(f"{m:.0f}" for m in shared["mbs"])
-                + f" MB/s (slowest {worst / single['mbs']:.2f}x the single mount);"
+                + f" MB/s (slowest {worst / single['mbs']:.2f}x the single mount,"
+                f" {worst / worst_apart:.2f}x the slowest apart);"
                 f" GCS read {shared['gcs_bytes'] / total:.2f}x the checkpoint;"
-                f" {shared['waits']} waits, {shared['shared_hits']} shared hits\n"
+                f" {shared['waits']} waits, {shared['shared_hits']} shared hits;"
+                f" daemon CPU {shared['cpu_per_gib']:.2f} s/GiB a mount\n"
                 f"  a mount joining later: {late['mbs']:.0f} MB/s,"
-                f" {late['media_reads']} GCS media reads",
+                f" {late['media_reads']} GCS media reads\n"
+                f"  {args.mounts} mounts at once, no shared tier (apart): "
+                + ", ".join(f"{m:.0f}" for m in apart["mbs"])
+                + f" MB/s; GCS read {apart['gcs_bytes'] / total:.2f}x the checkpoint;"
+                f" daemon CPU {apart['cpu_per_gib']:.2f} s/GiB a mount",
                 flush=True,
             )
     return 0

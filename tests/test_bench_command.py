@@ -1,6 +1,7 @@
 """A benchmark report names the command that reproduces it: a run with workloads or
 systems of its own is not `make bench` (one report said so of a targeted run); the order
-cells run in; and a save whose directory rename the options refuse is n/a, not an error."""
+cells run in; a save whose directory rename the options refuse is n/a, not an error; and
+the shared-tier benchmark runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import shared_restore
 from benchmarks.__main__ import _command
 from benchmarks.data import NotApplicable
 from benchmarks.runner import cell_order
@@ -49,3 +51,19 @@ def test_a_directory_rename_refused_by_the_options_makes_the_cell_not_applicable
     done: list[Path] = []
     commit(done.append, Path("/mnt"))
     assert done == [Path("/mnt")]
+
+
+@pytest.mark.mount
+def test_the_shared_restore_benchmark_runs_and_reports_every_phase(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`make bench-shared` at a small size: every phase reports, bytes are checked on the
+    way (a wrong byte raises), the late mount reads nothing from GCS, and the mounts
+    restoring at once with the shared tier read the checkpoint from GCS about once."""
+    assert shared_restore.main(["--mib", "16", "--mounts", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "a mount joining later" in out and ", 0 GCS media reads" in out, out
+    shared_line = next(line for line in out.splitlines() if "shared tier:" in line)
+    ratio = float(shared_line.split("GCS read ")[1].split("x")[0])
+    assert ratio <= 1.1, shared_line
+    assert "no shared tier (apart)" in out and "s/GiB a mount" in out, out
