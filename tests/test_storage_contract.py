@@ -217,6 +217,22 @@ async def test_must_not_exist_precondition(bucket: Bucket, tmp_path: Path) -> No
     assert (await bucket.stat("obj")).generation == first.generation
 
 
+async def test_a_file_upload_failing_its_precondition_on_its_own_bytes_succeeds(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    """The live object holds exactly the file's bytes (an earlier upload of it whose answer
+    was lost, or let go at unmount and sent again from the journal): the upload is made,
+    with that generation, not failed as if another writer had won."""
+    made = await bucket.write_bytes("obj", b"these bytes", if_generation_match=0)
+    path = tmp_path / "f"
+    path.write_bytes(b"these bytes")
+    info = await bucket.write_file("obj", str(path), if_generation_match=0)
+    assert info.generation == made.generation
+    path.write_bytes(b"other bytes")
+    with pytest.raises(PreconditionFailed):
+        await bucket.write_file("obj", str(path), if_generation_match=0)
+
+
 async def test_stale_generation_precondition(bucket: Bucket, tmp_path: Path) -> None:
     # Single-request sizes only: the emulator ignores ifGenerationMatch on resumable
     # uploads (GCS does not), so > 8 MiB files are not checked here.

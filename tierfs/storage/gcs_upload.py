@@ -1,10 +1,11 @@
 """Uploads to GCS: one multipart request for a small file, a resumable session in
 64 MiB chunks for a large one, and the lost answer recognised.
 
-A write whose answer was lost (a reset, a stall cut short) may have been made by GCS:
-when its retry then fails its precondition, `_own_object` checks whether the live
-object holds exactly the bytes sent (size and crc32c) and, if so, takes it as the
-upload's result. Part of `GcsBucket` (a mixin sharing its client, retries and limiter).
+A write whose answer was lost (a reset, a stall cut short, an upload let go at unmount)
+may have been made by GCS: when a write then fails its precondition (its retry, or the
+next mount's upload from the journal), `_own_object` checks whether the live object
+holds exactly the bytes sent (size and crc32c) and, if so, takes it as the upload's
+result. A resumable session that says 404 is started again once, as GCS advises. Part of `GcsBucket` (a mixin sharing its client, retries and limiter).
 """
 
 from __future__ import annotations
@@ -254,7 +255,6 @@ class _Uploads(_Base):
                 )
                 counters.add(bytes_written=size)
                 return info
-            attempted = False
             if size <= ONE_ATTEMPT_BYTES and retry is not None:
                 try:
                     info = self._upload_one_request(
@@ -271,7 +271,6 @@ class _Uploads(_Base):
                 except Exception as err:
                     if not retry._predicate(err):
                         raise
-                    attempted = True  # GCS may have made it: its answer may be what was lost
             precondition, session_retry = if_generation_match, retry
             for session in range(2):
                 blob = bucket.blob(name, chunk_size=chunk_bytes)
@@ -293,7 +292,6 @@ class _Uploads(_Base):
                     # object may be ours, which the new session's precondition tells.
                     if session:
                         raise
-                    attempted = True
                     continue
                 except storage_exceptions.DataCorruption as err:
                     # The session made an object of other bytes than were sent (a chunk
@@ -305,8 +303,7 @@ class _Uploads(_Base):
                     precondition, session_retry = generation, self._upload_retry
                     continue
                 except api_exceptions.PreconditionFailed:
-                    if not attempted:
-                        raise
+                    # Ours if it holds these bytes (see `_upload_one_request`).
                     own = self._own_object(name, _file_crc(stream.fileno(), size), size)
                     if own is None:
                         raise
@@ -375,14 +372,16 @@ class _Uploads(_Base):
 
         try:
             answer = retry(attempt)() if retry is not None else attempt()
-        except (api_exceptions.PreconditionFailed, FileChanged):
-            # A retry that fails its precondition, or finds the file changed under it
-            # (`_FileBody`: written or truncated meanwhile), may come after our own first
-            # attempt was made by GCS, its answer lost (a reset, a stall cut short). If
-            # the live object holds exactly these bytes, the upload succeeded: the object
-            # is ours (else a rename or unlink would not know it is there, and the next
-            # upload would fail its precondition on it as on another writer's).
-            own = self._own_object_or_none(name, crc, size) if tries > 1 else None
+        except (api_exceptions.PreconditionFailed, FileChanged) as err:
+            # A precondition that fails, or a retry that finds the file changed under it
+            # (`_FileBody`: written or truncated meanwhile), may come after our own
+            # attempt was made by GCS, its answer lost (a reset, a stall cut short; or an
+            # earlier upload of these bytes let go at unmount, now sent from the journal).
+            # If the live object holds exactly these bytes, the upload succeeded: the
+            # object is ours (else a rename or unlink would not know it is there, and the
+            # next upload would fail its precondition on it as on another writer's).
+            doubt = tries > 1 or not isinstance(err, FileChanged)
+            own = self._own_object_or_none(name, crc, size) if doubt else None
             if own is None:
                 raise
             answer = dict(own._properties)
