@@ -26,6 +26,7 @@ from tests.faults import MEDIA, UPLOADS, Action, FaultProxy, Faults, Rule
 from tests.mounting import stats
 from tierfs.cli.control import request
 from tierfs.cli.emulator import Emulator
+from tierfs.errors import UploadedOtherBytes
 from tierfs.settings import retry as retry_settings
 from tierfs.storage import gcs_upload
 from tierfs.storage.gcs import GcsBucket
@@ -510,3 +511,41 @@ async def test_an_upload_made_whose_answer_was_lost_is_ours_though_the_file_then
     blob = gcs_client.bucket(bucket_name).get_blob("a")
     assert blob is not None and info.generation == blob.generation
     assert blob.download_as_bytes() == data
+
+
+async def test_an_upload_whose_file_changed_as_it_went_and_whose_answer_was_lost_is_ours(
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The file is written again while its one-request upload is sent (write-back does
+    not hold writes for an upload): the body goes out other than its declared crc32c.
+    GCS refuses such a body; the emulator stores it, and here its answer is cut. The
+    retry fails its precondition on that object. It holds the bytes that attempt sent,
+    so it is ours, of other bytes: `UploadedOtherBytes` with its generation (the next
+    upload replaces it), not a precondition failure (a conflict: the file set aside and
+    ESTALE at close, as the fault-model run with seed 303 found)."""
+    path = tmp_path / "staged"
+    path.write_bytes(os.urandom(100_000))
+    made = gcs_upload._FileBody
+
+    def written_meanwhile(head: bytes, fd: int, size: int, tail: bytes) -> gcs_upload._FileBody:
+        with open(path, "r+b") as again:  # (after the crc32c was taken)
+            again.write(os.urandom(1000))
+        return made(head, fd, size, tail)
+
+    monkeypatch.setattr(gcs_upload, "_FileBody", written_meanwhile)
+    lost = fault_proxy.faults.add(
+        Rule(Action(truncate=True), method="POST", target=r"uploadType=multipart", times=1)
+    )
+    bucket = GcsBucket.connect(bucket_name, endpoint=fault_proxy.endpoint, anonymous=True)
+    try:
+        with pytest.raises(UploadedOtherBytes) as raised:
+            await bucket.write_file("a", str(path), if_generation_match=0)
+    finally:
+        bucket.close()
+    assert lost.fired == 1
+    blob = gcs_client.bucket(bucket_name).get_blob("a")
+    assert blob is not None and raised.value.generation == blob.generation

@@ -5,7 +5,8 @@ A write whose answer was lost (a reset, a stall cut short, an upload let go at u
 may have been made by GCS: when a write then fails its precondition (its retry, or the
 next mount's upload from the journal), `_own_object` checks whether the live object
 holds exactly the bytes sent (size and crc32c) and, if so, takes it as the upload's
-result. A resumable session that says 404 is started again once, as GCS advises. Part of `GcsBucket` (a mixin sharing its client, retries and limiter).
+result. A resumable session that says 404 is started again once, as GCS advises. Part
+of `GcsBucket` (a mixin sharing its client, retries and limiter).
 """
 
 from __future__ import annotations
@@ -165,12 +166,23 @@ class FileChanged(ValueError):
 class _FileBody:
     """A request body of ``head``, ``size`` bytes of ``fd`` from offset 0, and ``tail``,
     read as http.client sends it (it asks ``len`` for the Content-Length): a 64 MiB
-    upload costs no 64 MiB of memory."""
+    upload costs no 64 MiB of memory. The file's bytes are summed as they go (`sent`):
+    a file written while it is sent goes out other than its declared crc32c, which GCS
+    refuses and the emulator stores; if that answer is lost, the sum tells the object
+    for ours."""
 
     def __init__(self, head: bytes, fd: int, size: int, tail: bytes) -> None:
         self._parts = [head, b"", tail]
         self._fd, self._size, self._offset = fd, size, 0
         self._left = len(head) + size + len(tail)
+        self._checksum = google_crc32c.Checksum()
+
+    @property
+    def sent(self) -> tuple[str, int] | None:
+        """(crc32c, size) of the file's bytes this body sent, once it sent all of them."""
+        if self._offset < self._size or self._parts[2]:
+            return None
+        return base64.b64encode(self._checksum.digest()).decode("ascii"), self._size
 
     def __len__(self) -> int:
         return self._left
@@ -184,6 +196,7 @@ class _FileBody:
             out = os.pread(self._fd, min(amount, self._size - self._offset), self._offset)
             if not out:  # shrank under us: fail the request rather than leave it hanging
                 raise FileChanged(f"file ended at {self._offset} of {self._size} bytes")
+            self._checksum.update(out)
             self._offset += len(out)
         else:
             out, self._parts[2] = self._parts[2][:amount], self._parts[2][amount:]
@@ -358,12 +371,11 @@ class _Uploads(_Base):
         headers = {"Content-Type": f'multipart/related; boundary="{boundary}"'}
         timeout = self._upload_timeout_s or None
 
-        tries = 0
+        bodies: builtins.list[_FileBody] = []
 
         def attempt() -> dict[str, Any]:
-            nonlocal tries
-            tries += 1
             body = _FileBody(head, fd, size, tail)  # anew each attempt: from the start
+            bodies.append(body)
             response = session.post(url, params=params, data=body, headers=headers, timeout=timeout)
             if response.status_code >= 400:
                 raise api_exceptions.from_http_response(response)
@@ -380,11 +392,22 @@ class _Uploads(_Base):
             # If the live object holds exactly these bytes, the upload succeeded: the
             # object is ours (else a rename or unlink would not know it is there, and the
             # next upload would fail its precondition on it as on another writer's).
-            doubt = tries > 1 or not isinstance(err, FileChanged)
-            own = self._own_object_or_none(name, crc, size) if doubt else None
-            if own is None:
+            # A body sent whole but other than declared (the file written meanwhile) may
+            # have been stored by the emulator, answer lost: ours too, to replace.
+            sent = {body.sent for body in bodies} - {None}
+            if not sent:  # (a first attempt cut short by FileChanged made nothing)
                 raise
-            answer = dict(own._properties)
+            live = self._live_or_none(name)
+            if live is None:
+                raise
+            if (live.crc32c, live.size) != (crc, size):
+                if (live.crc32c, live.size) in sent:
+                    raise UploadedOtherBytes(
+                        f"gs://{self.name}/{name}: GCS holds other bytes than were sent",
+                        int(live.generation or 0),
+                    ) from err
+                raise
+            answer = dict(live._properties)
         if answer.get("crc32c", crc) != crc or int(answer.get("size", size)) != size:
             what = f"gs://{self.name}/{name}: GCS holds other bytes than were sent"
             generation = int(answer.get("generation", 0))
@@ -403,12 +426,16 @@ class _Uploads(_Base):
             return None
         return blob
 
-    def _own_object_or_none(self, name: str, crc: str, size: int) -> storage.Blob | None:
-        """`_own_object`, or None if GCS cannot tell (the caller's error is the one)."""
+    def _live_or_none(self, name: str) -> storage.Blob | None:
+        """The live object ``name``, or None if there is none or GCS cannot tell (the
+        caller's error is then the one to raise)."""
         try:
-            return self._own_object(name, crc, size)
+            blob: storage.Blob | None = self._bucket.get_blob(
+                name, retry=self._retry, timeout=self._timeout_s
+            )
         except Exception:
             return None
+        return blob
 
     @staticmethod
     def _counting(retry: _BoundedRetry | None) -> tuple[_BoundedRetry | None, builtins.list[int]]:
