@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from tierfs.cli.control import request
 from tierfs.cli.emulator import Emulator
 from tierfs.errors import UploadedOtherBytes
 from tierfs.settings import retry as retry_settings
-from tierfs.storage import gcs_upload
+from tierfs.storage import ObjectInfo, gcs_upload
 from tierfs.storage.gcs import GcsBucket
 
 pytestmark = pytest.mark.mount
@@ -472,6 +473,35 @@ def test_a_staged_upload_whose_chunk_answer_is_lost_closes(
     assert (mount.path / "big.bin").read_bytes() == data
 
 
+async def upload_with_its_answer_lost(
+    fault_proxy: FaultProxy,
+    bucket_name: str,
+    path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    before_body: Callable[[int], None],
+) -> ObjectInfo:
+    """`GcsBucket.write_file` of ``path`` as object "a" (one request), the answer to its
+    first attempt cut (GCS made the object); ``before_body(n)`` runs as the n-th attempt's
+    body is made (the file's crc32c already taken)."""
+    made, bodies = gcs_upload._FileBody, [0]
+
+    def body(head: bytes, fd: int, size: int, tail: bytes) -> gcs_upload._FileBody:
+        bodies[0] += 1
+        before_body(bodies[0])
+        return made(head, fd, size, tail)
+
+    monkeypatch.setattr(gcs_upload, "_FileBody", body)
+    lost = fault_proxy.faults.add(
+        Rule(Action(truncate=True), method="POST", target=r"uploadType=multipart", times=1)
+    )
+    bucket = GcsBucket.connect(bucket_name, endpoint=fault_proxy.endpoint, anonymous=True)
+    try:
+        return await bucket.write_file("a", str(path), if_generation_match=0)
+    finally:
+        bucket.close()
+        assert lost.fired == 1 and bodies[0] == 2
+
+
 async def test_an_upload_made_whose_answer_was_lost_is_ours_though_the_file_then_shrank(
     fault_proxy: FaultProxy,
     gcs_client: storage.Client,
@@ -488,26 +518,12 @@ async def test_an_upload_made_whose_answer_was_lost_is_ours_though_the_file_then
     path = tmp_path / "staged"
     data = os.urandom(113_406)
     path.write_bytes(data)
-    bodies = 0
-    made = gcs_upload._FileBody
 
-    def shrinking(head: bytes, fd: int, size: int, tail: bytes) -> gcs_upload._FileBody:
-        nonlocal bodies
-        bodies += 1
-        if bodies == 2:  # the retry: the file was written again meanwhile, shorter
+    def shrink(attempt: int) -> None:
+        if attempt == 2:  # the retry: the file was written again meanwhile, shorter
             os.truncate(path, 15_439)
-        return made(head, fd, size, tail)
 
-    monkeypatch.setattr(gcs_upload, "_FileBody", shrinking)
-    lost = fault_proxy.faults.add(
-        Rule(Action(truncate=True), method="POST", target=r"uploadType=multipart", times=1)
-    )
-    bucket = GcsBucket.connect(bucket_name, endpoint=fault_proxy.endpoint, anonymous=True)
-    try:
-        info = await bucket.write_file("a", str(path), if_generation_match=0)
-    finally:
-        bucket.close()
-    assert lost.fired == 1 and bodies == 2
+    info = await upload_with_its_answer_lost(fault_proxy, bucket_name, path, monkeypatch, shrink)
     blob = gcs_client.bucket(bucket_name).get_blob("a")
     assert blob is not None and info.generation == blob.generation
     assert blob.download_as_bytes() == data
@@ -529,23 +545,13 @@ async def test_an_upload_whose_file_changed_as_it_went_and_whose_answer_was_lost
     ESTALE at close, as the fault-model run with seed 303 found)."""
     path = tmp_path / "staged"
     path.write_bytes(os.urandom(100_000))
-    made = gcs_upload._FileBody
 
-    def written_meanwhile(head: bytes, fd: int, size: int, tail: bytes) -> gcs_upload._FileBody:
-        with open(path, "r+b") as again:  # (after the crc32c was taken)
-            again.write(os.urandom(1000))
-        return made(head, fd, size, tail)
+    def write(attempt: int) -> None:
+        if attempt == 1:
+            with open(path, "r+b") as again:
+                again.write(os.urandom(1000))
 
-    monkeypatch.setattr(gcs_upload, "_FileBody", written_meanwhile)
-    lost = fault_proxy.faults.add(
-        Rule(Action(truncate=True), method="POST", target=r"uploadType=multipart", times=1)
-    )
-    bucket = GcsBucket.connect(bucket_name, endpoint=fault_proxy.endpoint, anonymous=True)
-    try:
-        with pytest.raises(UploadedOtherBytes) as raised:
-            await bucket.write_file("a", str(path), if_generation_match=0)
-    finally:
-        bucket.close()
-    assert lost.fired == 1
+    with pytest.raises(UploadedOtherBytes) as raised:
+        await upload_with_its_answer_lost(fault_proxy, bucket_name, path, monkeypatch, write)
     blob = gcs_client.bucket(bucket_name).get_blob("a")
     assert blob is not None and raised.value.generation == blob.generation
