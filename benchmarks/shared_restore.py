@@ -141,10 +141,12 @@ def one_round(
     pids: list[int] = []
     with many(emulator, scratch, "single", 1, None, pids) as (point,):
         seconds = restore(point, names, expected)
+        numbers = [stats(point)]
         single = {
             "mbs": total / seconds / 1e6,
-            "gcs_bytes": stats(point)["gcs"]["bytes_read"],
+            "gcs_bytes": numbers[0]["gcs"]["bytes_read"],
             "cpu_per_gib": cpu_seconds(pids) / gib,
+            "ssd_read": numbers[0]["data"]["tiers"]["ssd"]["bytes_read"],
         }
     shared = scratch / "share"
     shared.mkdir()
@@ -159,6 +161,7 @@ def one_round(
             "waits": sum(n["data"]["tiers"]["shared"]["waits"] for n in numbers),
             "shared_hits": sum(n["data"]["tiers"]["shared"]["hits"] for n in numbers),
             "cpu_per_gib": cpu_seconds(pids) / gib / mounts,
+            "ssd_read": sum(n["data"]["tiers"]["ssd"]["bytes_read"] for n in numbers),
         }
         drop_page_cache()
         with many(emulator, scratch, "late", 1, shared) as (late,):
@@ -168,10 +171,12 @@ def one_round(
     pids = []
     with many(emulator, scratch, "apart", mounts, None, pids) as points:
         times = at_once(points, names, expected)
+        numbers = [stats(p) for p in points]
         apart = {
             "mbs": [total / t / 1e6 for t in times],
-            "gcs_bytes": sum(stats(p)["gcs"]["bytes_read"] for p in points),
+            "gcs_bytes": sum(n["gcs"]["bytes_read"] for n in numbers),
             "cpu_per_gib": cpu_seconds(pids) / gib / mounts,
+            "ssd_read": sum(n["data"]["tiers"]["ssd"]["bytes_read"] for n in numbers),
         }
     return {
         "single": single,
@@ -209,20 +214,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"round {r + 1}: checkpoint {total / MiB:.0f} MiB\n"
                 f"  single mount, cold SSD tier: {single['mbs']:.0f} MB/s,"
                 f" GCS read {single['gcs_bytes'] / total:.2f}x the checkpoint,"
-                f" daemon CPU {single['cpu_per_gib']:.2f} s/GiB\n"
+                f" daemon CPU {single['cpu_per_gib']:.2f} s/GiB;"
+                f" SSD tier read {single['ssd_read'] / total:.2f}x\n"
                 f"  {args.mounts} mounts at once, shared tier: "
                 + ", ".join(f"{m:.0f}" for m in shared["mbs"])
                 + f" MB/s (slowest {worst / single['mbs']:.2f}x the single mount,"
                 f" {worst / worst_apart:.2f}x the slowest apart);"
                 f" GCS read {shared['gcs_bytes'] / total:.2f}x the checkpoint;"
                 f" {shared['waits']} waits, {shared['shared_hits']} shared hits;"
-                f" daemon CPU {shared['cpu_per_gib']:.2f} s/GiB a mount\n"
+                f" daemon CPU {shared['cpu_per_gib']:.2f} s/GiB a mount;"
+                f" SSD tier read {shared['ssd_read'] / total / args.mounts:.2f}x a mount\n"
                 f"  a mount joining later: {late['mbs']:.0f} MB/s,"
                 f" {late['media_reads']} GCS media reads\n"
                 f"  {args.mounts} mounts at once, no shared tier (apart): "
                 + ", ".join(f"{m:.0f}" for m in apart["mbs"])
                 + f" MB/s; GCS read {apart['gcs_bytes'] / total:.2f}x the checkpoint;"
-                f" daemon CPU {apart['cpu_per_gib']:.2f} s/GiB a mount",
+                f" daemon CPU {apart['cpu_per_gib']:.2f} s/GiB a mount;"
+                f" SSD tier read {apart['ssd_read'] / total / args.mounts:.2f}x a mount",
                 flush=True,
             )
     return 0

@@ -113,6 +113,10 @@ class RamTier:
 
     # -- memory held by downloads ---------------------------------------------------------
 
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
     async def reserve(self, nbytes: int) -> None:
         """Hold back ``nbytes`` of the tier for a download under way (its bytes, and the
         copies the HTTP layer makes of them), evicting blocks for them, so that the

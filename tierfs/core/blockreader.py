@@ -55,6 +55,7 @@ class BlockReader:
         self._first = True
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
+        self._pacing = False  # a fill of this object keeps our pace (`Blocks.reader_at`)
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         if offset >= self.size or length <= 0:
@@ -64,6 +65,10 @@ class BlockReader:
         first, last = offset // size, (end - 1) // size
         random = offset != self._next and not (self._first and offset == 0)
         self._plan(offset, last)
+        if not self._pacing:  # (reads in flight together arrive out of order: any read)
+            self._pacing = True
+            self.blocks.reader_opened(self.name, self.generation)
+        self.blocks.reader_at(self.name, self.generation, last)
         self._next = end
         if random and first == last and (self._last is None or self._last[0] != first):
             key = BlockKey(self.name, self.generation, first)
@@ -136,3 +141,6 @@ class BlockReader:
 
     def close(self) -> None:
         self._last = None
+        if self._pacing:
+            self._pacing = False
+            self.blocks.reader_closed(self.name, self.generation)

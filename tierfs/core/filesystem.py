@@ -383,6 +383,8 @@ class Filesystem(
             if inode.generation == 0:
                 return b""
             if handle.reader is None or handle.reader.generation != inode.generation:
+                if handle.reader is not None:
+                    handle.reader.close()
                 handle.reader = BlockReader(
                     self.blocks,
                     self._read_object(inode),
