@@ -1,4 +1,4 @@
-"""A whole-object fill keeps the pace of the object's readers (`Blocks._keep_pace`).
+"""A whole-object fill keeps the pace of the object's readers (`tierfs.core.pace`).
 
 Downloaded further ahead of the readers than the RAM tier holds, blocks were evicted
 before they were read and read back from the SSD tier: a cold 1 GiB restore of 8 files
@@ -15,7 +15,8 @@ import trio
 import trio.testing
 
 from tierfs.cache.ram import RamTier
-from tierfs.core.blocks import PACE_WAIT_S, Blocks
+from tierfs.core.blocks import Blocks
+from tierfs.core.pace import PACE_WAIT_S
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
@@ -35,26 +36,26 @@ async def test_a_fill_goes_no_further_than_its_lead_and_follows_its_reader(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     blocks, generation, data = setup()
-    blocks.reader_opened("obj", generation)
-    blocks.reader_at("obj", generation, 0)
+    blocks.paces.opened(("obj", generation))
+    blocks.paces.at(("obj", generation), 0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
         await trio.testing.wait_all_tasks_blocked()
         assert blocks.gcs_blocks == 9  # blocks 0-8: the reader's and 8 ahead
-        blocks.reader_at("obj", generation, 20)
+        blocks.paces.at(("obj", generation), 20)
         await trio.testing.wait_all_tasks_blocked()
         assert blocks.gcs_blocks == 29
-        blocks.reader_closed("obj", generation)  # gone: the rest at once
+        blocks.paces.closed(("obj", generation))  # gone: the rest at once
     assert blocks.gcs_blocks == BLOCKS
-    assert blocks.paced >= 2
+    assert blocks.paces.waits >= 2
 
 
 async def test_a_reader_that_stops_lets_the_fill_go_on(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     blocks, generation, data = setup()
-    blocks.reader_opened("obj", generation)
-    blocks.reader_at("obj", generation, 0)
+    blocks.paces.opened(("obj", generation))
+    blocks.paces.at(("obj", generation), 0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
         await trio.testing.wait_all_tasks_blocked()
@@ -70,4 +71,4 @@ async def test_a_fill_without_readers_is_never_held() -> None:
     blocks, generation, data = setup()
     with trio.fail_after(5):  # (the real clock: no wait at all is expected)
         await blocks.fill("obj", generation, len(data), None)
-    assert blocks.gcs_blocks == BLOCKS and blocks.paced == 0
+    assert blocks.gcs_blocks == BLOCKS and blocks.paces.waits == 0

@@ -55,7 +55,7 @@ class BlockReader:
         self._first = True
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
-        self._pacing = False  # a fill of this object keeps our pace (`Blocks.reader_at`)
+        self._pacing = False  # a fill of this object keeps our pace (`tierfs.core.pace`)
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         if offset >= self.size or length <= 0:
@@ -67,8 +67,8 @@ class BlockReader:
         self._plan(offset, last)
         if not self._pacing:  # (reads in flight together arrive out of order: any read)
             self._pacing = True
-            self.blocks.reader_opened(self.name, self.generation)
-        self.blocks.reader_at(self.name, self.generation, last)
+            self.blocks.paces.opened((self.name, self.generation))
+        self.blocks.paces.at((self.name, self.generation), last)
         self._next = end
         if random and first == last and (self._last is None or self._last[0] != first):
             key = BlockKey(self.name, self.generation, first)
@@ -143,4 +143,4 @@ class BlockReader:
         self._last = None
         if self._pacing:
             self._pacing = False
-            self.blocks.reader_closed(self.name, self.generation)
+            self.blocks.paces.closed((self.name, self.generation))

@@ -32,6 +32,7 @@ from cachetools import LRUCache
 
 from tierfs.cache import BlockKey, PieceKey, Tier
 from tierfs.cache.ssd import Passthrough
+from tierfs.core.pace import Paces
 from tierfs.errors import NotFound, root_cause
 from tierfs.storage import Bucket
 
@@ -69,26 +70,6 @@ class _Flight:
     data: bytes | None = None
 
 
-@dataclass
-class _Pace:
-    """Where the readers of one object being filled are: the furthest block they took."""
-
-    readers: int = 0
-    at: int = -1
-    moved: trio.Event = field(default_factory=trio.Event)
-    stalled: bool = False  # they stopped once for `PACE_WAIT_S`: the fill goes on unpaced
-
-    def move(self) -> None:
-        self.moved.set()
-        self.moved = trio.Event()
-
-
-# A fill waits for its readers this long at most; then it goes on unpaced: a reader that
-# stops (a training step, a consumer gone slow, one that went on to random reads) does
-# not stop the caching.
-PACE_WAIT_S = 1.0
-
-
 class Blocks:
     """Blocks of objects from the tiers or GCS; one download per block at a time."""
 
@@ -115,7 +96,8 @@ class Blocks:
         self.piece_bytes = min(PIECE_BYTES, block_size)
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
-        self._paces: dict[tuple[str, int], _Pace] = {}
+        # Where each object's readers are, which its fill keeps pace with.
+        self.paces = Paces(memory.max_bytes if memory is not None else 0, block_size)
         # Whole objects brought in but maybe not sealed yet (an unmount may cut the
         # seal short): `seal_pending` seals what is complete on the way out.
         self._unsealed: LRUCache[tuple[str, int], int] = LRUCache(maxsize=UNSEALED)
@@ -124,7 +106,6 @@ class Blocks:
         self.gcs_bytes = 0
         self.shared_waits = 0
         self.fills = 0
-        self.paced = 0  # fill downloads held back to keep their readers' pace
         self.crc_mismatches = 0
         self.stored_local = 0
         self.tier_errors = 0
@@ -379,7 +360,7 @@ class Blocks:
 
             async def worker() -> None:
                 for key in todo:
-                    await self._keep_pace(job, key.index)
+                    await self.paces.keep(job, key.index)
                     data = await self.get(key, size)
                     for tier in keep:
                         if not tier.holds(key):  # a hit in another tier: store it here too
@@ -400,52 +381,6 @@ class Blocks:
                 log.warning("could not cache gs://%s#%d: %s", name, generation, cause)
         finally:
             self._filling.discard(job)
-
-    # -- a fill paced by its readers -----------------------------------------------------------
-
-    def reader_opened(self, name: str, generation: int) -> None:
-        pace = self._paces.setdefault((name, generation), _Pace())
-        pace.readers += 1
-
-    def reader_at(self, name: str, generation: int, index: int) -> None:
-        """A reader took block ``index``: a fill held behind it may go on."""
-        pace = self._paces.get((name, generation))
-        if pace is not None and index > pace.at:
-            pace.at = index
-            pace.move()
-
-    def reader_closed(self, name: str, generation: int) -> None:
-        pace = self._paces.get((name, generation))
-        if pace is None:
-            return
-        pace.readers -= 1
-        if pace.readers <= 0:
-            del self._paces[(name, generation)]
-            pace.move()  # unpaced from here: the fill goes on at GCS's speed
-
-    def _lead(self) -> int:
-        """How many blocks a fill may run ahead of its readers: its share of half the RAM
-        tier (what it downloads further ahead is evicted before they read it, and read
-        back from the SSD tier: 1.2-1.45x a cold 1 GiB restore was so, at 212-318 MB/s
-        against 487-533 with a RAM tier that held it all), and at least 2. Without a RAM
-        tier nothing is kept to be evicted: no bound."""
-        if self.memory is None or self.memory.max_bytes <= 0:
-            return 1 << 62
-        share = self.memory.max_bytes // 2 // max(1, len(self._paces)) // self.block_size
-        return max(2, share)
-
-    async def _keep_pace(self, job: tuple[str, int], index: int) -> None:
-        """Hold a fill's download of block ``index`` until its readers are within `_lead`
-        of it; once they have not moved for `PACE_WAIT_S`, no more. Without sequential
-        readers (`tierfs prefetch`, random reads), no wait."""
-        while (pace := self._paces.get(job)) is not None and not pace.stalled:
-            if index <= pace.at + self._lead():
-                return
-            self.paced += 1
-            with trio.move_on_after(PACE_WAIT_S) as waited:
-                await pace.moved.wait()
-            if waited.cancelled_caught:
-                pace.stalled = True
 
     async def seal_pending(self) -> None:
         """Seal the whole objects brought in whose seal a fill did not get to (at unmount)."""
@@ -501,7 +436,7 @@ class Blocks:
             "gcs_bytes": self.gcs_bytes,
             "shared_waits": self.shared_waits,
             "whole_object_fills": self.fills,
-            "fill_paced": self.paced,
+            "fill_paced": self.paces.waits,
             "crc_mismatches": self.crc_mismatches,
             "uploads_cached": self.stored_local,
             "tier_errors": self.tier_errors,
