@@ -72,3 +72,21 @@ async def test_a_fill_without_readers_is_never_held() -> None:
     with trio.fail_after(5):  # (the real clock: no wait at all is expected)
         await blocks.fill("obj", generation, len(data), None)
     assert blocks.gcs_blocks == BLOCKS and blocks.paces.waits == 0
+
+
+async def test_a_reader_slower_than_a_block_a_second_still_paces_the_fill(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Reads within one block keep the pace alive: the reader is slow, not stopped."""
+    blocks, generation, data = setup()
+    blocks.paces.opened(("obj", generation))
+    blocks.paces.at(("obj", generation), 0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
+        for _ in range(5):
+            await trio.testing.wait_all_tasks_blocked()
+            assert blocks.gcs_blocks == 9
+            mock_clock.jump(PACE_WAIT_S * 0.9)
+            blocks.paces.at(("obj", generation), 0)  # another read of the same block
+        blocks.paces.closed(("obj", generation))
+    assert blocks.gcs_blocks == BLOCKS

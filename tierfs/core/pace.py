@@ -55,10 +55,12 @@ class Paces:
         self._paces.setdefault(job, _Pace()).readers += 1
 
     def at(self, job: Job, index: int) -> None:
-        """A reader asked for block ``index``: a fill held behind it may go on."""
+        """A reader asked for block ``index``: a fill held behind it may go on. Any read
+        counts as a move, if not past the block: a reader slower than a block per
+        `PACE_WAIT_S` (4 restores at once on 2 cores) has not stopped."""
         pace = self._paces.get(job)
-        if pace is not None and index > pace.at:
-            pace.at = index
+        if pace is not None:
+            pace.at = max(pace.at, index)
             pace.move()
 
     def closed(self, job: Job) -> None:
