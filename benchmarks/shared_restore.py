@@ -128,6 +128,19 @@ def at_once(points: list[Path], names: list[str], expected: dict[str, bytes]) ->
     return [times[i] for i in range(len(points))]
 
 
+def phase(points: list[Path], pids: list[int], seconds: list[float], total: int) -> dict:
+    """One phase's numbers: each mount's MB/s, GCS and SSD-tier bytes read by them all,
+    and their daemons' CPU seconds per GiB restored, a mount."""
+    numbers = [stats(p) for p in points]
+    return {
+        "mbs": [total / s / 1e6 for s in seconds],
+        "gcs_bytes": sum(n["gcs"]["bytes_read"] for n in numbers),
+        "cpu_per_gib": cpu_seconds(pids) / (total / (1 << 30)) / len(points),
+        "ssd_read": sum(n["data"]["tiers"]["ssd"]["bytes_read"] for n in numbers),
+        "numbers": numbers,
+    }
+
+
 def one_round(
     emulator: Emulator,
     scratch: Path,
@@ -136,33 +149,20 @@ def one_round(
     names: list[str],
     expected: dict[str, bytes],
 ) -> dict:
-    gib = total / (1 << 30)
     drop_page_cache()
     pids: list[int] = []
-    with many(emulator, scratch, "single", 1, None, pids) as (point,):
-        seconds = restore(point, names, expected)
-        numbers = [stats(point)]
-        single = {
-            "mbs": total / seconds / 1e6,
-            "gcs_bytes": numbers[0]["gcs"]["bytes_read"],
-            "cpu_per_gib": cpu_seconds(pids) / gib,
-            "ssd_read": numbers[0]["data"]["tiers"]["ssd"]["bytes_read"],
-        }
+    with many(emulator, scratch, "single", 1, None, pids) as points:
+        single = phase(points, pids, [restore(points[0], names, expected)], total)
+        single["mbs"] = single["mbs"][0]
     shared = scratch / "share"
     shared.mkdir()
     drop_page_cache()
     pids = []
     with many(emulator, scratch, "node", mounts, shared, pids) as points:
-        times = at_once(points, names, expected)
-        numbers = [stats(p) for p in points]
-        together = {
-            "mbs": [total / t / 1e6 for t in times],
-            "gcs_bytes": sum(n["gcs"]["bytes_read"] for n in numbers),
-            "waits": sum(n["data"]["tiers"]["shared"]["waits"] for n in numbers),
-            "shared_hits": sum(n["data"]["tiers"]["shared"]["hits"] for n in numbers),
-            "cpu_per_gib": cpu_seconds(pids) / gib / mounts,
-            "ssd_read": sum(n["data"]["tiers"]["ssd"]["bytes_read"] for n in numbers),
-        }
+        together = phase(points, pids, at_once(points, names, expected), total)
+        tiers = [n["data"]["tiers"]["shared"] for n in together["numbers"]]
+        together["waits"] = sum(t["waits"] for t in tiers)
+        together["shared_hits"] = sum(t["hits"] for t in tiers)
         drop_page_cache()
         with many(emulator, scratch, "late", 1, shared) as (late,):
             seconds = restore(late, names, expected)
@@ -170,14 +170,7 @@ def one_round(
     drop_page_cache()
     pids = []
     with many(emulator, scratch, "apart", mounts, None, pids) as points:
-        times = at_once(points, names, expected)
-        numbers = [stats(p) for p in points]
-        apart = {
-            "mbs": [total / t / 1e6 for t in times],
-            "gcs_bytes": sum(n["gcs"]["bytes_read"] for n in numbers),
-            "cpu_per_gib": cpu_seconds(pids) / gib / mounts,
-            "ssd_read": sum(n["data"]["tiers"]["ssd"]["bytes_read"] for n in numbers),
-        }
+        apart = phase(points, pids, at_once(points, names, expected), total)
     return {
         "single": single,
         "shared": together,

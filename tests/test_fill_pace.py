@@ -32,20 +32,28 @@ def setup() -> tuple[Blocks, int, bytes]:
     return blocks, info.generation, data
 
 
+async def paced_fill(nursery: trio.Nursery) -> tuple[Blocks, tuple[str, int]]:
+    """A fill of "obj" started with one reader at block 0, once it has gone as far as the
+    reader lets it."""
+    blocks, generation, data = setup()
+    job = ("obj", generation)
+    blocks.paces.opened(job)
+    blocks.paces.at(job, 0)
+    nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
+    await trio.testing.wait_all_tasks_blocked()
+    return blocks, job
+
+
 async def test_a_fill_goes_no_further_than_its_lead_and_follows_its_reader(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    blocks, generation, data = setup()
-    blocks.paces.opened(("obj", generation))
-    blocks.paces.at(("obj", generation), 0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
-        await trio.testing.wait_all_tasks_blocked()
+        blocks, job = await paced_fill(nursery)
         assert blocks.gcs_blocks == 9  # blocks 0-8: the reader's and 8 ahead
-        blocks.paces.at(("obj", generation), 20)
+        blocks.paces.at(job, 20)
         await trio.testing.wait_all_tasks_blocked()
         assert blocks.gcs_blocks == 29
-        blocks.paces.closed(("obj", generation))  # gone: the rest at once
+        blocks.paces.closed(job)  # gone: the rest at once
     assert blocks.gcs_blocks == BLOCKS
     assert blocks.paces.waits >= 2
 
@@ -53,12 +61,8 @@ async def test_a_fill_goes_no_further_than_its_lead_and_follows_its_reader(
 async def test_a_reader_that_stops_lets_the_fill_go_on(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    blocks, generation, data = setup()
-    blocks.paces.opened(("obj", generation))
-    blocks.paces.at(("obj", generation), 0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
-        await trio.testing.wait_all_tasks_blocked()
+        blocks, _ = await paced_fill(nursery)
         assert blocks.gcs_blocks == 9
         mock_clock.jump(PACE_WAIT_S / 2)
         await trio.testing.wait_all_tasks_blocked()
@@ -78,15 +82,12 @@ async def test_a_reader_slower_than_a_block_a_second_still_paces_the_fill(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     """Reads within one block keep the pace alive: the reader is slow, not stopped."""
-    blocks, generation, data = setup()
-    blocks.paces.opened(("obj", generation))
-    blocks.paces.at(("obj", generation), 0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
+        blocks, job = await paced_fill(nursery)
         for _ in range(5):
             await trio.testing.wait_all_tasks_blocked()
             assert blocks.gcs_blocks == 9
             mock_clock.jump(PACE_WAIT_S * 0.9)
-            blocks.paces.at(("obj", generation), 0)  # another read of the same block
-        blocks.paces.closed(("obj", generation))
+            blocks.paces.at(job, 0)  # another read of the same block
+        blocks.paces.closed(job)
     assert blocks.gcs_blocks == BLOCKS
