@@ -103,6 +103,7 @@ class Blocks:
         self._unsealed: LRUCache[tuple[str, int], int] = LRUCache(maxsize=UNSEALED)
         self.gcs_blocks = 0
         self.gcs_ranges = 0
+        self.random_reads = 0  # reads a BlockReader took for random (not where the last ended)
         self.gcs_bytes = 0
         self.shared_waits = 0
         self.fills = 0
@@ -158,6 +159,7 @@ class Blocks:
         check first (found on disk at mount) is read whole, once; otherwise no whole block
         is read or brought into RAM for a 4 KiB read: across a large object that evicted
         what sequential readers need and cost 8 MiB of reading per read."""
+        self.random_reads += 1
         within = offset - key.index * self.block_size
         for tier in self.tiers:
             try:
@@ -433,6 +435,7 @@ class Blocks:
         return {
             "gcs_blocks": self.gcs_blocks,
             "gcs_ranges": self.gcs_ranges,
+            "random_reads": self.random_reads,
             "gcs_bytes": self.gcs_bytes,
             "shared_waits": self.shared_waits,
             "whole_object_fills": self.fills,

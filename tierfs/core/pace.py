@@ -36,6 +36,7 @@ class _Pace:
     at: int = -1
     moved: trio.Event = field(default_factory=trio.Event)
     stalled: bool = False  # they stopped once for `PACE_WAIT_S`: no more pacing
+    read_at: float = 0.0  # (trio's clock) when they last read
 
     def move(self) -> None:
         self.moved.set()
@@ -56,11 +57,15 @@ class Paces:
 
     def at(self, job: Job, index: int) -> None:
         """A reader asked for block ``index``: a fill held behind it may go on. Any read
-        counts as a move, if not past the block: a reader slower than a block per
-        `PACE_WAIT_S` (4 restores at once on 2 cores) has not stopped."""
+        shows the readers have not stopped, past a new block or not: a reader slower
+        than a block per `PACE_WAIT_S` (4 restores at once on 2 cores) keeps the pace.
+        (Only a new block wakes the fill: waking it at every read cost CPU.)"""
         pace = self._paces.get(job)
-        if pace is not None:
-            pace.at = max(pace.at, index)
+        if pace is None:
+            return
+        pace.read_at = trio.current_time()
+        if index > pace.at:
+            pace.at = index
             pace.move()
 
     def closed(self, job: Job) -> None:
@@ -88,5 +93,5 @@ class Paces:
             self.waits += 1
             with trio.move_on_after(PACE_WAIT_S) as waited:
                 await pace.moved.wait()
-            if waited.cancelled_caught:
+            if waited.cancelled_caught and trio.current_time() - pace.read_at >= PACE_WAIT_S:
                 pace.stalled = True
