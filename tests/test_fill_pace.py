@@ -91,3 +91,23 @@ async def test_a_reader_slower_than_a_block_a_second_still_paces_the_fill(
             blocks.paces.at(job, 0)  # another read of the same block
         blocks.paces.closed(job)
     assert blocks.gcs_blocks == BLOCKS
+
+
+async def test_a_reader_that_reads_again_after_a_stop_paces_the_fill_again(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Stopped for `PACE_WAIT_S`, the readers let the fill go on; a read after that paces
+    it again (readers starved of CPU for a second must not unpace it for good)."""
+    blocks, generation, data = setup()
+    job = ("obj", generation)
+    blocks.paces.opened(job)
+    blocks.paces.at(job, 0)
+    pace = blocks.paces._paces[job]
+    pace.stalled = True  # as after a stop
+    blocks.paces.at(job, 0)  # a read again
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
+        await trio.testing.wait_all_tasks_blocked()
+        assert blocks.gcs_blocks == 9
+        blocks.paces.closed(job)
+    assert blocks.gcs_blocks == BLOCKS

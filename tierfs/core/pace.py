@@ -11,9 +11,10 @@ SSD tier 0.36x over at 477-559 MB/s.
 So a fill downloads no further ahead of the furthest block its readers asked for than
 its share of half the RAM tier (at least 2 blocks), and goes on as they move. It is
 never held for long: once its readers stop for `PACE_WAIT_S` (a training step, a
-consumer gone slow, a reader gone random) it goes on unpaced, and so it does once they
-close. A fill without readers (`tierfs prefetch`) and a mount without a RAM tier
-(nothing kept to be evicted) are not paced at all.
+consumer gone slow, a reader gone random) it goes on unpaced until they read again
+(readers starved of CPU for a second, 4 restores on 2 cores, must not unpace it for
+good), and for good once they close. A fill without readers (`tierfs prefetch`) and a
+mount without a RAM tier (nothing kept to be evicted) are not paced at all.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class _Pace:
     readers: int = 0
     at: int = -1
     moved: trio.Event = field(default_factory=trio.Event)
-    stalled: bool = False  # they stopped once for `PACE_WAIT_S`: no more pacing
+    stalled: bool = False  # they stopped for `PACE_WAIT_S`: unpaced until they read again
     read_at: float = 0.0  # (trio's clock) when they last read
 
     def move(self) -> None:
@@ -64,6 +65,7 @@ class Paces:
         if pace is None:
             return
         pace.read_at = trio.current_time()
+        pace.stalled = False  # reading again: paced again
         if index > pace.at:
             pace.at = index
             pace.move()
