@@ -65,7 +65,7 @@ class BlockReader:
         first, last = offset // size, (end - 1) // size
         random = offset != self._next and not (self._first and offset == 0)
         self._plan(offset, last)
-        if not self._pacing:  # (reads in flight together arrive out of order: any read)
+        if not self._pacing:  # where the reader asks to be, before its blocks arrive
             self._pacing = True
             self.blocks.paces.opened((self.name, self.generation))
         self.blocks.paces.at((self.name, self.generation), last)

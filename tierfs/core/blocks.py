@@ -103,8 +103,8 @@ class Blocks:
         self._unsealed: LRUCache[tuple[str, int], int] = LRUCache(maxsize=UNSEALED)
         self.gcs_blocks = 0
         self.gcs_ranges = 0
-        self.random_reads = 0  # reads a BlockReader took for random (not where the last ended)
         self.gcs_bytes = 0
+        self.random_reads = 0  # reads taken for random (not where the reader's last ended)
         self.shared_waits = 0
         self.fills = 0
         self.crc_mismatches = 0
