@@ -191,13 +191,29 @@ async def test_use_makes_a_block_most_recent(tmp_path: Path, touch: str) -> None
         assert await tier.get(b) == b"b" * 5000
 
 
+async def test_a_block_a_reader_went_past_is_evicted_before_one_not_read_yet() -> None:
+    """A fill's block ahead of its reader stays; the one the reader has gone past goes,
+    though the reader used it last (`RamTier.demote`)."""
+    tier = RamTier(2 * 5000)
+    ahead, passed, new = (BlockKey("obj", 1, index) for index in (1, 0, 2))
+    await tier.put(ahead, b"1" * 5000)  # brought in by the fill
+    await tier.put(passed, b"0" * 5000)
+    assert await tier.get(passed) == b"0" * 5000  # read: the most recent now
+    tier.demote(passed)  # and gone past
+    await tier.put(new, b"2" * 5000)
+    assert await tier.get(passed) is None
+    assert await tier.get(ahead) == b"1" * 5000
+
+
 # --- LRU accounting against a reference model --------------------------------------------
 
 KEYS = [
     BlockKey(name, gen, index) for name in ("x", "y/z", "w") for gen in (1, 2) for index in (0, 1)
 ]
 OPS = st.lists(
-    st.tuples(st.sampled_from(["put", "put", "get", "part"]), st.integers(0, len(KEYS) - 1)),
+    st.tuples(
+        st.sampled_from(["put", "put", "get", "part", "demote"]), st.integers(0, len(KEYS) - 1)
+    ),
     max_size=40,
 )
 SIZES = st.lists(st.integers(1, 20_000), min_size=len(KEYS), max_size=len(KEYS))
@@ -231,6 +247,11 @@ def check_lru(tier: RamTier | SsdTier, capacity: int, ops: list[tuple[str, int]]
                 assert got == (data if key in model else None), (op, key)
                 if key in model:
                     model.move_to_end(key)
+            elif op == "demote":  # a sequential reader went past it: evicted first (RAM)
+                if isinstance(tier, RamTier):
+                    tier.demote(key)
+                    if key in model:
+                        model.move_to_end(key, last=False)
             else:  # a random reader's part of the block (the SSD tier: on a kept descriptor)
                 start, length = len(data) // 3, max(1, len(data) // 3)
                 part = await tier.read_part(key, start, length)

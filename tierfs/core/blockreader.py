@@ -65,11 +65,21 @@ class BlockReader:
         first, last = offset // size, (end - 1) // size
         random = offset != self._next and not (self._first and offset == 0)
         self._plan(offset, last)
+        job = (self.name, self.generation)
         if not self._pacing:  # where the reader asks to be, before its blocks arrive
             self._pacing = True
-            self.blocks.paces.opened((self.name, self.generation))
-        self.blocks.paces.at((self.name, self.generation), last)
+            self.blocks.paces.opened(job)
+        self.blocks.paces.at(job, last)
         self._next = end
+        try:  # a reader waiting for its blocks has not stopped: the fill stays paced
+            return await self._read(offset, end, first, last, random)
+        finally:
+            self.blocks.paces.answered(job)
+
+    async def _read(
+        self, offset: int, end: int, first: int, last: int, random: bool
+    ) -> bytes | memoryview:
+        size = self.blocks.block_size
         if random and first == last and (self._last is None or self._last[0] != first):
             key = BlockKey(self.name, self.generation, first)
             return await self.blocks.read_random(key, offset, end - offset, self.size)
@@ -93,6 +103,9 @@ class BlockReader:
         if self._last is not None and self._last[0] == index:
             return self._last[1]
         data = await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
+        if self._last is not None and self._last[0] == index - 1:
+            # Gone past the block before, in order: in RAM it is the first to go.
+            self.blocks.went_past(BlockKey(self.name, self.generation, index - 1))
         self._last = (index, data)
         return data
 

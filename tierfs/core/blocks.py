@@ -54,6 +54,8 @@ class Memory(Protocol):
 
     def release(self, nbytes: int) -> None: ...
 
+    def demote(self, key: BlockKey) -> None: ...
+
 
 # What a random read fetches and keeps, at least. Small, so that the RAM tier remembers
 # many regions: 8 s of random 4 KiB reads over a 1 GiB object touch ~6,000 of them,
@@ -111,6 +113,12 @@ class Blocks:
         self.stored_local = 0
         self.tier_errors = 0
         self.fill_errors = 0  # background fills that failed (not counting changed objects)
+
+    def went_past(self, key: BlockKey) -> None:
+        """A sequential reader has gone past this block: the RAM tier evicts it first, before
+        the blocks a fill brought ahead of their readers (`tierfs.cache.ram`)."""
+        if self.memory is not None:
+            self.memory.demote(key)
 
     def blocks_of(self, size: int) -> int:
         return (size + self.block_size - 1) // self.block_size
@@ -440,6 +448,7 @@ class Blocks:
             "shared_waits": self.shared_waits,
             "whole_object_fills": self.fills,
             "fill_paced": self.paces.waits,
+            "fill_pace_stops": self.paces.stops,
             "crc_mismatches": self.crc_mismatches,
             "uploads_cached": self.stored_local,
             "tier_errors": self.tier_errors,

@@ -38,6 +38,7 @@ class _Pace:
     moved: trio.Event = field(default_factory=trio.Event)
     stalled: bool = False  # they stopped for `PACE_WAIT_S`: unpaced until they read again
     read_at: float = 0.0  # (trio's clock) when they last read
+    waiting: int = 0  # reads under way (a reader waiting for its block has not stopped)
 
     def move(self) -> None:
         self.moved.set()
@@ -52,6 +53,7 @@ class Paces:
         self._block_size = block_size
         self._paces: dict[Job, _Pace] = {}
         self.waits = 0  # fill downloads held back to keep their readers' pace
+        self.stops = 0  # times a fill went on unpaced: its readers stopped for `PACE_WAIT_S`
 
     def opened(self, job: Job) -> None:
         self._paces.setdefault(job, _Pace()).readers += 1
@@ -65,10 +67,18 @@ class Paces:
         if pace is None:
             return
         pace.read_at = trio.current_time()
+        pace.waiting += 1
         pace.stalled = False  # reading again: paced again
         if index > pace.at:
             pace.at = index
             pace.move()
+
+    def answered(self, job: Job) -> None:
+        """A read that `at` announced has its answer (or failed)."""
+        pace = self._paces.get(job)
+        if pace is not None:
+            pace.waiting = max(0, pace.waiting - 1)
+            pace.read_at = trio.current_time()
 
     def closed(self, job: Job) -> None:
         pace = self._paces.get(job)
@@ -95,5 +105,7 @@ class Paces:
             self.waits += 1
             with trio.move_on_after(PACE_WAIT_S) as waited:
                 await pace.moved.wait()
-            if waited.cancelled_caught and trio.current_time() - pace.read_at >= PACE_WAIT_S:
+            idle = trio.current_time() - pace.read_at
+            if waited.cancelled_caught and not pace.waiting and idle >= PACE_WAIT_S:
                 pace.stalled = True
+                self.stops += 1
