@@ -22,13 +22,16 @@ from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
 BLOCKS = 64
+# One paced object in a RAM tier of 16 blocks: 16 blocks, each downloaded held twice
+# (`DOWNLOAD_COPIES`), are 8 blocks at once: the reader's and 7 ahead.
+LEAD = 7
 
 
 def setup() -> tuple[Blocks, int, bytes]:
     bucket = MemoryBucket()
     data = os.urandom(BLOCKS * BLOCK)
     info = bucket.put("obj", data)
-    ram = RamTier(16 * BLOCK)  # a lead of 16 // 2 = 8 blocks for one paced object
+    ram = RamTier(16 * BLOCK)
     blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
     return blocks, info.generation, data
 
@@ -51,10 +54,10 @@ async def test_a_fill_goes_no_further_than_its_lead_and_follows_its_reader(
 ) -> None:
     async with trio.open_nursery() as nursery:
         blocks, job = await paced_fill(nursery)
-        assert blocks.gcs_blocks == 9  # blocks 0-8: the reader's and 8 ahead
+        assert blocks.gcs_blocks == 1 + LEAD  # the reader's block and LEAD ahead
         blocks.paces.at(job, 20)
         await trio.testing.wait_all_tasks_blocked()
-        assert blocks.gcs_blocks == 29
+        assert blocks.gcs_blocks == 21 + LEAD
         blocks.paces.closed(job)  # gone: the rest at once
     assert blocks.gcs_blocks == BLOCKS
     assert blocks.paces.waits >= 2
@@ -65,10 +68,10 @@ async def test_a_reader_that_stops_lets_the_fill_go_on(
 ) -> None:
     async with trio.open_nursery() as nursery:
         blocks, _ = await paced_fill(nursery)
-        assert blocks.gcs_blocks == 9
+        assert blocks.gcs_blocks == 1 + LEAD
         mock_clock.jump(PACE_WAIT_S / 2)
         await trio.testing.wait_all_tasks_blocked()
-        assert blocks.gcs_blocks == 9  # not yet
+        assert blocks.gcs_blocks == 1 + LEAD  # not yet
         mock_clock.jump(PACE_WAIT_S)
     assert blocks.gcs_blocks == BLOCKS  # the reader still open, and stopped
 
@@ -88,7 +91,7 @@ async def test_a_reader_slower_than_a_block_a_second_still_paces_the_fill(
         blocks, job = await paced_fill(nursery)
         for _ in range(5):
             await trio.testing.wait_all_tasks_blocked()
-            assert blocks.gcs_blocks == 9
+            assert blocks.gcs_blocks == 1 + LEAD
             mock_clock.jump(PACE_WAIT_S * 0.9)
             blocks.paces.at(job, 0)  # another read of the same block
             blocks.paces.answered(job)
@@ -112,7 +115,7 @@ async def test_a_reader_that_reads_again_after_a_stop_paces_the_fill_again(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
         await trio.testing.wait_all_tasks_blocked()
-        assert blocks.gcs_blocks == 9
+        assert blocks.gcs_blocks == 1 + LEAD
         blocks.paces.closed(job)
     assert blocks.gcs_blocks == BLOCKS
 
@@ -154,13 +157,13 @@ async def test_a_reader_waiting_for_its_block_keeps_the_fill_paced(
 
         nursery.start_soon(read)
         await trio.testing.wait_all_tasks_blocked()
-        assert blocks.gcs_blocks == 8  # blocks 1-8 ahead; block 0 still coming
+        assert blocks.gcs_blocks == LEAD  # those ahead; block 0 still coming
         mock_clock.jump(3 * PACE_WAIT_S)
         await trio.testing.wait_all_tasks_blocked()
-        assert blocks.gcs_blocks == 8 and blocks.paces.stops == 0  # still paced
+        assert blocks.gcs_blocks == LEAD and blocks.paces.stops == 0  # still paced
         bucket.gate.set()
         await trio.testing.wait_all_tasks_blocked()
         assert got == [data[:BLOCK]]
-        assert blocks.gcs_blocks == 9
+        assert blocks.gcs_blocks == 1 + LEAD
         reader.close()
     assert blocks.gcs_blocks == BLOCKS

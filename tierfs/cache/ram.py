@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 import trio
 import trio.lowlevel

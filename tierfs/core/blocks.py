@@ -99,7 +99,8 @@ class Blocks:
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
         # Where each object's readers are, which its fill keeps pace with.
-        self.paces = Paces(memory.max_bytes if memory is not None else 0, block_size)
+        ram = memory.max_bytes if memory is not None else 0
+        self.paces = Paces(ram, block_size, copies=DOWNLOAD_COPIES)
         # Whole objects brought in but maybe not sealed yet (an unmount may cut the
         # seal short): `seal_pending` seals what is complete on the way out.
         self._unsealed: LRUCache[tuple[str, int], int] = LRUCache(maxsize=UNSEALED)

@@ -9,12 +9,17 @@ restore of 8 files (cache dir, defaults) read its SSD tier 1.20-1.46x over and r
 SSD tier 0.36x over at 477-559 MB/s.
 
 So a fill downloads no further ahead of the furthest block its readers asked for than
-its share of half the RAM tier (at least 2 blocks), and goes on as they move. It is
-never held for long: once its readers stop for `PACE_WAIT_S` (a training step, a
-consumer gone slow, a reader gone random) it goes on unpaced until they read again
-(readers starved of CPU for a second, 4 restores on 2 cores, must not unpace it for
-good), and for good once they close. A fill without readers (`tierfs prefetch`) and a
-mount without a RAM tier (nothing kept to be evicted) are not paced at all.
+its share of the RAM tier allows, counting each block twice (a download is held twice
+while under way, `tierfs.core.blocks.DOWNLOAD_COPIES`) and the readers' own block (at
+least 1 block ahead), and goes on as they move. It is never held for long: once its
+readers stop for `PACE_WAIT_S` (a training step, a consumer gone slow, a reader gone
+random) it goes on unpaced until they read again (readers starved of CPU for a second,
+4 restores on 2 cores, must not unpace it for good), and for good once they close. A
+reader waiting for its block has not stopped, however long the block takes: counting
+such waits as stops, 4 mounts restoring at once ran every fill unpaced and read their
+SSD tiers back 1.2-1.5x; with waits counted and this lead, 0.0-0.17x (a mount alone
+0.12-0.14x, at 500-589 MB/s). A fill without readers (`tierfs prefetch`) and a mount
+without a RAM tier (nothing kept to be evicted) are not paced at all.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 import trio
 
 PACE_WAIT_S = 1.0
-MIN_LEAD = 2  # blocks
+MIN_LEAD = 1  # blocks
 
 Job = tuple[str, int]  # (object name, generation)
 
@@ -48,9 +53,10 @@ class _Pace:
 class Paces:
     """The readers' positions of the objects being read, and the fills' waits on them."""
 
-    def __init__(self, ram_bytes: int, block_size: int) -> None:
+    def __init__(self, ram_bytes: int, block_size: int, copies: int = 1) -> None:
         self._ram_bytes = ram_bytes
         self._block_size = block_size
+        self._copies = copies  # how many times a block is held while it is downloaded
         self._paces: dict[Job, _Pace] = {}
         self.waits = 0  # fill downloads held back to keep their readers' pace
         self.stops = 0  # times a fill went on unpaced: its readers stopped for `PACE_WAIT_S`
@@ -90,10 +96,12 @@ class Paces:
             pace.move()  # unpaced from here: the fill goes on at GCS's speed
 
     def lead(self) -> int:
-        """How many blocks a fill may run ahead of its readers."""
+        """How many blocks a fill may run ahead of its readers: its object's share of the
+        RAM tier, in blocks held twice, less the readers' own block."""
         if self._ram_bytes <= 0:
             return 1 << 62
-        share = self._ram_bytes // 2 // max(1, len(self._paces)) // self._block_size
+        share = self._ram_bytes // max(1, len(self._paces)) // (self._copies * self._block_size)
+        share -= 1  # the readers' own block
         return max(MIN_LEAD, share)
 
     async def keep(self, job: Job, index: int) -> None:
