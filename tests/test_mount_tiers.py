@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from google.cloud import storage
@@ -135,3 +136,25 @@ def test_written_files_are_read_back_from_the_ssd_tier_after_remount(
     for name, data in shards.items():
         assert (again.path / name).read_bytes() == data
     assert stats(again)["gcs"]["media_reads"] == 0
+
+
+def test_a_fill_keeps_a_slow_readers_pace(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """A first read brings the whole object into the SSD tier (a fill), and the fill stays
+    near its reader: its blocks wait in the RAM tier for the reader, not evicted unread
+    and read back from the SSD tier (`tierfs/core/pace.py`). A RAM tier of 4 blocks and
+    an object of 12 stand for 256 MiB and a multi-GiB checkpoint. Unpaced, the fill is
+    done long before the reader, and the reader reads most of the object back from disk."""
+    data = os.urandom(96 * MiB)
+    upload(gcs_client, bucket_name, "ckpt", data)
+    mount = mount_factory(f"--cache-dir={tmp_path / 'cache'}", "--ram-cache-max-size-mb=32")
+    parts = []
+    with open(mount.path / "ckpt", "rb", buffering=0) as handle:
+        while chunk := handle.read(MiB):
+            parts.append(chunk)
+            time.sleep(0.01)  # a consumer slower than GCS (not a wait for a TTL)
+    assert b"".join(parts) == data
+    numbers = stats(mount)["data"]
+    assert numbers["fill_paced"] > 0
+    assert numbers["tiers"]["ssd"]["bytes_read"] <= 16 * MiB, numbers["tiers"]
