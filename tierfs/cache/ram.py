@@ -47,7 +47,7 @@ class _Blocks(Cache[Key, bytes]):
     sequential reader has gone past is the cheapest to lose, cheaper than one a fill
     brought in ahead of its reader. (With plain LRU, 4 restores at once on one machine
     evicted the blocks their fills had brought ahead, read them back from the SSD tier,
-    and each copy back into RAM evicted the next one ahead: 1.4-1.7x the checkpoint
+    and each copy back into RAM evicted the next one ahead: 1.3-1.7x the checkpoint
     read back from the SSD tier.)"""
 
     def __init__(self, maxsize: int) -> None:
