@@ -61,6 +61,7 @@ Accounting and invariants:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -295,7 +296,9 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
                     _write_block,
                     self._path(stem),
                     self._data_path(obj),
-                    _header(name, key.generation, key.index, self._block_size, data),
+                    functools.partial(
+                        _header, name, key.generation, key.index, self._block_size, data
+                    ),
                     data,
                     key.index * self._block_size,
                     drops,

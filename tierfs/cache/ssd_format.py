@@ -68,6 +68,7 @@ import re
 import secrets
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -293,17 +294,24 @@ def _publish(path: Path, content: bytes) -> None:
 
 
 def _write_block(
-    record: Path, data_path: Path, header: bytes, data: bytes, offset: int, drops: list[_Drop]
+    record: Path,
+    data_path: Path,
+    header: Callable[[], bytes],
+    data: bytes,
+    offset: int,
+    drops: list[_Drop],
 ) -> list[tuple[Path, OSError]]:
     """Carry out ``drops``, write one block's payload into its object's data file, then
-    publish its record atomically; return failed deletes.
+    publish its record (``header()``: made here, in the worker thread, because its CRC32C
+    of the payload on the event loop held up the FUSE requests behind it) atomically;
+    return failed deletes.
 
     Raises OSError (ENOSPC...): the record is then not published (a partial payload in
     the data file is never served, and goes with the file)."""
     failures = _apply_drops(drops)
     _make_dir(record.parent)
     write_payload(data_path, data, offset, _FILE_MODE)  # past the page cache (ssd_direct)
-    _publish(record, header)
+    _publish(record, header())
     return failures
 
 
