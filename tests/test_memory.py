@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
 
 import pytest
 
-from tierfs.cli.memory import MMAP_THRESHOLD_MAX, mmap_threshold, tune_allocator
+from tierfs.cli.memory import (
+    MMAP_THRESHOLD_MAX,
+    TRIM_MAX_BYTES,
+    TRIM_MIN_BYTES,
+    mmap_threshold,
+    trim_threshold,
+    tune_allocator,
+)
 
 
 def test_threshold_sits_just_above_a_block_and_below_glibcs_limit() -> None:
@@ -18,3 +27,35 @@ def test_threshold_sits_just_above_a_block_and_below_glibcs_limit() -> None:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_tuning_takes_on_glibc() -> None:
     assert tune_allocator(8 << 20) is True
+
+
+def test_trim_threshold_is_the_ram_tiers_size_within_bounds() -> None:
+    assert trim_threshold(256 << 20) == 512 << 20
+    assert trim_threshold(0) == TRIM_MIN_BYTES  # no RAM tier: downloads still come and go
+    assert trim_threshold(64 << 30) == TRIM_MAX_BYTES
+
+
+# A RAM tier's worth of 8 MiB blocks made, all freed at once (a fill's reservation emptying
+# the tier), then made again: the second round must reuse the heap, not fault it in anew.
+_REFILL = """
+import resource, sys
+from tierfs.cli.memory import tune_allocator
+assert tune_allocator(8 << 20, 256 << 20)
+def fill():
+    return [b'x' * (8 << 20) for _ in range(32)]
+blocks = fill()
+del blocks
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+blocks = fill()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_a_ram_tier_emptied_at_once_is_refilled_without_page_faults() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _REFILL], capture_output=True, text=True, check=True
+    )
+    faults = int(result.stdout)
+    # 256 MiB faulted in again would be 65,536 faults (4 KiB pages).
+    assert faults < 4096, f"{faults} page faults refilling a freed RAM tier"

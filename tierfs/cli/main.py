@@ -234,7 +234,9 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     if ready_fd is not None:  # the terminal had them from the parent; the log gets them here
         for warning in config.warnings:
             logging.getLogger("tierfs").warning("%s", warning)
-    tune_allocator(config["ram-cache:block-size-mb"] << 20)
+    tune_allocator(
+        config["ram-cache:block-size-mb"] << 20, max(0, config["ram-cache:max-size-mb"]) << 20
+    )
     failures: list[str] = []
 
     def ready(message: str | None) -> None:
