@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import time
@@ -158,3 +159,32 @@ def test_a_fill_keeps_a_slow_readers_pace(
     numbers = stats(mount)["data"]
     assert numbers["fill_paced"] > 0
     assert numbers["tiers"]["ssd"]["bytes_read"] <= 16 * MiB, numbers["tiers"]
+
+
+def test_fills_keep_eight_slow_readers_pace_at_the_defaults(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """The same at the defaults a user gets (256 MiB RAM tier, 8 MiB blocks): eight shards
+    restored at once by slow readers, 384 MiB in all, more than the RAM tier holds. Each
+    fill keeps its lead small enough that all eight fit (`Paces`), so the readers find
+    their blocks in RAM; unpaced, the fills would finish first and 128 MiB or more would
+    be evicted unread and read back from the SSD tier."""
+    shards = {f"ckpt/shard-{i}": os.urandom(48 * MiB) for i in range(8)}
+    for name, data in shards.items():
+        upload(gcs_client, bucket_name, name, data)
+    mount = mount_factory(f"--cache-dir={tmp_path / 'cache'}", "--implicit-dirs")
+
+    def restore(name: str) -> bytes:
+        parts = []
+        with open(mount.path / name, "rb", buffering=0) as handle:
+            while chunk := handle.read(MiB):
+                parts.append(chunk)
+                time.sleep(0.02)  # a consumer slower than GCS (not a wait for a TTL)
+        return b"".join(parts)
+
+    with concurrent.futures.ThreadPoolExecutor(len(shards)) as pool:
+        got = dict(zip(shards, pool.map(restore, shards), strict=True))
+    assert got == shards
+    numbers = stats(mount)["data"]
+    assert numbers["tiers"]["ssd"]["bytes_read"] <= 48 * MiB, numbers["tiers"]
+    assert numbers["fill_paced"] > 0
