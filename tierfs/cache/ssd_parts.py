@@ -25,6 +25,7 @@ import errno
 import os
 import stat
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 INLINE_BYTES = 128 * 1024  # largest part read with a blocking pread on the trio thread
@@ -44,14 +45,17 @@ class PartFiles:
     def __len__(self) -> int:
         return len(self._fds)
 
-    def read(self, obj: str, path: Path, offset: int, length: int) -> bytes | None:
-        """Exactly ``length`` bytes at ``offset`` of ``obj``'s data file ``path``, or None
-        when they are not read here (the caller reads them in a worker thread): the part
-        is larger than `INLINE_BYTES` and not in the page cache, the file is short there,
-        or it cannot be opened. Raises OSError for a failing read."""
+    def read(
+        self, obj: str, path_of: Callable[[str], Path], offset: int, length: int
+    ) -> bytes | None:
+        """Exactly ``length`` bytes at ``offset`` of ``obj``'s data file (``path_of(obj)``,
+        made only to open it: a path per read was a tenth of a random read's time), or
+        None when they are not read here (the caller reads them in a worker thread): the
+        part is larger than `INLINE_BYTES` and not in the page cache, the file is short
+        there, or it cannot be opened. Raises OSError for a failing read."""
         fd = self._fds.get(obj)
         if fd is None:
-            fd = self._open(obj, path)
+            fd = self._open(obj, path_of(obj))
             if fd is None:
                 return None
         else:

@@ -97,7 +97,7 @@ class _Reads(_Base):
         try:
             # On the trio thread first (`tierfs.cache.ssd_parts`): nothing awaits between
             # the index check above and this read, so the block cannot be dropped under it.
-            data = self._parts.read(obj, self._data_path(obj), at, length)
+            data = self._parts.read(obj, self._data_path, at, length)
             if data is None:
                 data = await trio.to_thread.run_sync(
                     _read_part, self._data_path(obj), at, length, limiter=self._limiter
