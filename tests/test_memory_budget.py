@@ -74,3 +74,48 @@ async def test_a_download_larger_than_the_tier_still_goes_ahead_alone() -> None:
         parts.append(await blocks.get(BlockKey("obj", generation, index), len(data)))
     assert b"".join(parts) == data
     assert ram.statistics()["reserved_bytes"] == 0
+
+
+class SlowTier(RamTier):
+    """A tier whose stores wait at a gate (a disk slower than the link)."""
+
+    name = "slow"
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self.gate = trio.Event()
+        self.storing = 0
+
+    async def put(self, key: BlockKey, data: bytes) -> None:
+        self.storing += 1
+        await self.gate.wait()
+        await super().put(key, data)
+        self.storing -= 1
+
+
+async def test_a_block_being_stored_in_a_slower_tier_stays_counted() -> None:
+    """While a slower tier still stores a downloaded block, the RAM tier keeps one copy of
+    it held back: if it evicts its own copy meanwhile, the bytes are in memory all the
+    same (in the store), and the tier's size must still bound them."""
+    ram = RamTier(4 * DOWNLOAD_COPIES * BLOCK)
+    slow = SlowTier(64 * BLOCK)
+    bucket = MemoryBucket("b")
+    data = os.urandom(3 * BLOCK)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [ram, slow], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+    )
+    got: dict[int, bytes] = {}
+
+    async def one(index: int) -> None:
+        got[index] = await blocks.get(BlockKey("obj", generation, index), len(data))
+
+    async with trio.open_nursery() as nursery:
+        for index in range(3):
+            nursery.start_soon(one, index)
+        await trio.testing.wait_all_tasks_blocked()
+        assert slow.storing == 3
+        assert ram.statistics()["reserved_bytes"] == 3 * BLOCK  # one copy each, not two
+        slow.gate.set()
+    assert b"".join(got[i] for i in range(3)) == data
+    assert ram.statistics()["reserved_bytes"] == 0

@@ -272,14 +272,17 @@ class Blocks:
         try:
             offset = key.index * self.block_size
             length = max(0, min(self.block_size, object_size - offset))
-            async with self.downloads, self._memory_for(length):
-                data = await self.bucket.read(
-                    key.name, generation=key.generation, offset=offset, length=length
-                )
-            self.gcs_blocks += 1
-            self.gcs_bytes += len(data)
-            for tier in self.tiers:
-                await self._put(tier, key, data)
+            async with contextlib.AsyncExitStack() as stack:
+                async with self.downloads:  # a download slot first, then its memory
+                    release = await stack.enter_async_context(self._memory_for(length))
+                    data = await self.bucket.read(
+                        key.name, generation=key.generation, offset=offset, length=length
+                    )
+                self.gcs_blocks += 1
+                self.gcs_bytes += len(data)
+                release(length)  # the HTTP layer's copy is gone; the block's stays held
+                for tier in self.tiers:
+                    await self._put(tier, key, data)
             return data
         finally:
             for tier in self.tiers:
@@ -290,18 +293,28 @@ class Blocks:
                     log.warning("%s tier failed to release %s: %s", tier.name, key, err)
 
     @contextlib.asynccontextmanager
-    async def _memory_for(self, length: int) -> AsyncIterator[None]:
+    async def _memory_for(self, length: int) -> AsyncIterator[Callable[[int], None]]:
         """Room in the RAM tier for one download: its bytes twice (the HTTP layer's buffer
-        and the block), released once the block is stored (then it counts as itself)."""
+        and the block). Yields a function to give part of it back early; the rest is
+        held until the block is stored in every tier. Why until then: a block the RAM tier
+        evicts while the SSD tier still writes it is in memory all the same, uncounted; a
+        whole-object fill's 16 workers could hold 128 MiB that way."""
         memory = self.memory
-        if memory is None:
-            yield
-            return
-        await memory.reserve(DOWNLOAD_COPIES * length)
+        held = DOWNLOAD_COPIES * length if memory is not None else 0
+
+        def release(nbytes: int) -> None:
+            nonlocal held
+            nbytes = min(nbytes, held)
+            if memory is not None and nbytes:
+                memory.release(nbytes)
+            held -= nbytes
+
+        if memory is not None:
+            await memory.reserve(held)
         try:
-            yield
+            yield release
         finally:
-            memory.release(DOWNLOAD_COPIES * length)
+            release(held)
 
     async def _put(self, tier: Tier, key: BlockKey, data: bytes) -> None:
         try:
