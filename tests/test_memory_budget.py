@@ -5,6 +5,7 @@ stores plus what downloads hold never exceeds its size, however many run at once
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -38,24 +39,35 @@ class HeldBucket(MemoryBucket):
         return await super().read(name, generation=generation, offset=offset, length=length)
 
 
+async def get_all(blocks: Blocks, generation: int, size: int, blocked: Callable[[], None]) -> bytes:
+    """Every block of "obj", all asked for at once; ``blocked`` runs once they all wait
+    (it checks, then opens the gate they wait at). The object's bytes, in order."""
+    count = size // BLOCK
+    got: dict[int, bytes] = {}
+
+    async def one(index: int) -> None:
+        got[index] = await blocks.get(BlockKey("obj", generation, index), size)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(count):
+            nursery.start_soon(one, index)
+        await trio.testing.wait_all_tasks_blocked()
+        blocked()
+    return b"".join(got[i] for i in range(count))
+
+
 async def test_downloads_wait_for_room_in_the_ram_tier() -> None:
     ram = RamTier(3 * DOWNLOAD_COPIES * BLOCK)  # room for three downloads at once
     bucket = HeldBucket("b", [ram])
     data = os.urandom(12 * BLOCK)
     generation = bucket.put("obj", data).generation
     blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(16), memory=ram)
-    got: dict[int, bytes] = {}
 
-    async def one(index: int) -> None:
-        got[index] = await blocks.get(BlockKey("obj", generation, index), len(data))
-
-    async with trio.open_nursery() as nursery:
-        for index in range(12):
-            nursery.start_soon(one, index)
-        await trio.testing.wait_all_tasks_blocked()
+    def blocked() -> None:
         assert bucket.most == 3  # the limiter allows 16; the tier's room, three
         bucket.gate.set()
-    assert b"".join(got[i] for i in range(12)) == data
+
+    assert await get_all(blocks, generation, len(data), blocked) == data
     stats = ram.statistics()
     assert stats["reserved_bytes"] == 0
     assert stats["reserved_peak_bytes"] <= 3 * DOWNLOAD_COPIES * BLOCK
@@ -105,17 +117,11 @@ async def test_a_block_being_stored_in_a_slower_tier_stays_counted() -> None:
     blocks = Blocks(
         bucket, [ram, slow], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
     )
-    got: dict[int, bytes] = {}
 
-    async def one(index: int) -> None:
-        got[index] = await blocks.get(BlockKey("obj", generation, index), len(data))
-
-    async with trio.open_nursery() as nursery:
-        for index in range(3):
-            nursery.start_soon(one, index)
-        await trio.testing.wait_all_tasks_blocked()
+    def blocked() -> None:
         assert slow.storing == 3
         assert ram.statistics()["reserved_bytes"] == 3 * BLOCK  # one copy each, not two
         slow.gate.set()
-    assert b"".join(got[i] for i in range(3)) == data
+
+    assert await get_all(blocks, generation, len(data), blocked) == data
     assert ram.statistics()["reserved_bytes"] == 0

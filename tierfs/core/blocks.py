@@ -164,10 +164,10 @@ class Blocks:
         """A random read of ``length`` bytes at ``offset`` of the object, within block
         ``key``: only these bytes from a tier that holds the block (a slice in RAM, one
         pread on the SSD tier), else the whole block if a tier must check it first or its
-        download is under way, else pieces (`_kept`, `_fetch_range`). Only a block the SSD tier must
-        check first (found on disk at mount) is read whole, once; otherwise no whole block
-        is read or brought into RAM for a 4 KiB read: across a large object that evicted
-        what sequential readers need and cost 8 MiB of reading per read."""
+        download is under way, else pieces (`_kept`, `_fetch_range`). Only a block the SSD
+        tier must check first (found on disk at mount) is read whole, once; otherwise no
+        whole block is read or brought into RAM for a 4 KiB read: across a large object
+        that evicted what sequential readers need and cost 8 MiB of reading per read."""
         self.random_reads += 1
         within = offset - key.index * self.block_size
         for tier in self.tiers:
@@ -272,6 +272,8 @@ class Blocks:
         try:
             offset = key.index * self.block_size
             length = max(0, min(self.block_size, object_size - offset))
+            ram = [tier for tier in self.tiers if tier is self.memory]
+            slower = [tier for tier in self.tiers if tier is not self.memory]
             async with contextlib.AsyncExitStack() as stack:
                 async with self.downloads:  # a download slot first, then its memory
                     release = await stack.enter_async_context(self._memory_for(length))
@@ -280,16 +282,11 @@ class Blocks:
                     )
                 self.gcs_blocks += 1
                 self.gcs_bytes += len(data)
-                release(length)  # the HTTP layer's copy is gone; the block's stays held
-                # The slower tiers first, while the reservation counts the block; then the
-                # RAM tier, where it counts as itself (no await between the two).
-                for tier in self.tiers:
-                    if tier is not self.memory:
-                        await self._put(tier, key, data)
-                release(length)
-                for tier in self.tiers:
-                    if tier is self.memory:
-                        await self._put(tier, key, data)
+                release((DOWNLOAD_COPIES - 1) * length)  # the HTTP layer's copy is gone
+                for tier in slower:  # while the reservation still counts the block
+                    await self._put(tier, key, data)
+            for tier in ram:  # where it now counts as itself (no await in between)
+                await self._put(tier, key, data)
             return data
         finally:
             for tier in self.tiers:
@@ -302,12 +299,12 @@ class Blocks:
     @contextlib.asynccontextmanager
     async def _memory_for(self, length: int) -> AsyncIterator[Callable[[int], None]]:
         """Room in the RAM tier for one download: its bytes twice (the HTTP layer's buffer
-        and the block). Yields a function to give part of it back early. `_download` holds
-        one copy until the slower tiers (SSD, shared) have stored the block, and only then
-        puts it in the RAM tier: a block the RAM tier evicted while the SSD tier still
-        wrote it was in memory all the same, uncounted (a fill's 16 workers could hold 128
-        MiB that way; peak RSS in random reads with a cache dir 372-373 MiB, against
-        342-343 held)."""
+        and the block). Yields a function to give part of it back early; the rest goes on
+        the way out. `_download` holds one copy until the slower tiers (SSD, shared) have
+        stored the block, and only then puts it in the RAM tier: a block the RAM tier
+        evicted while the SSD tier still wrote it was in memory all the same, uncounted
+        (a fill's 16 workers could hold 128 MiB that way; peak RSS in random reads with a
+        cache dir was 372-388 MiB, then 345-372)."""
         memory = self.memory
         held = DOWNLOAD_COPIES * length if memory is not None else 0
 
