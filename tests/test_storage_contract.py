@@ -1033,3 +1033,31 @@ async def test_memory_sees_other_client_changes() -> None:
     with pytest.raises(NotFound):
         await bucket.read("obj", generation=mine.generation, offset=0, length=4)
     assert (await bucket.stat("obj")).generation == theirs.generation
+
+
+async def test_a_listed_object_is_described_as_its_stat_describes_it(bucket: Bucket) -> None:
+    """Listings build their entries from the raw items (no Blob each): every field the
+    filesystem reads must come out as a stat of the same object gives it."""
+    metadata = {"gcsfuse_mtime": "2024-01-02T03:04:05.123456789Z", "k": "v"}
+    await bucket.write_bytes(
+        "l/obj", b"12345", if_generation_match=0, metadata=metadata, content_type="text/plain"
+    )
+    listed = (await bucket.list("l/")).objects
+    assert [info.name for info in listed] == ["l/obj"]
+    assert listed[0] == await bucket.stat("l/obj")
+    assert listed[0].metadata == metadata and listed[0].content_type == "text/plain"
+
+
+def test_object_resources_parse_rfc3339_times_and_refuse_a_missing_generation() -> None:
+    from tierfs.errors import BackendError
+    from tierfs.storage.gcs_resource import info_of
+
+    item = {"name": "a", "generation": "7", "size": "3", "updated": "2024-01-02T03:04:05.5Z"}
+    info = info_of(item)
+    assert (info.generation, info.size, info.metageneration) == (7, 3, 1)
+    assert info.updated_s == 1704164645.5
+    nanos = info_of({**item, "updated": "2024-01-02T03:04:05.123456789Z"})
+    assert abs(nanos.updated_s - 1704164645.123456) < 1e-5
+    assert info_of({**item, "updated": "not a time"}).updated_s == 0.0
+    with pytest.raises(BackendError, match="without a generation"):
+        info_of({"name": "a", "size": "3"})

@@ -71,10 +71,19 @@ class Inode:
     # A file renamed while in GCS, whose object is still under its old name (``remote``):
     # the background move (tierfs.core.filerename). It keeps the inode in the table.
     file_move: FileMove | None = field(default=None, repr=False)
-    lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
+    _lock: trio.Lock | None = field(default=None, init=False, repr=False)
     # The FUSE layer's last reply for this inode (its Attr and the kernel struct built from
     # it), reused while the Attr is equal: readdir of a big directory sends every entry.
     kernel_entry: tuple[object, object] | None = field(default=None, repr=False)
+
+    @property
+    def lock(self) -> trio.Lock:
+        """Held across a change that awaits (rename, its background move). Made at first
+        use: a cold stat storm makes an inode per name, and a trio.Lock each was a sixth
+        of a lookup's cost in the daemon."""
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
 
     @property
     def name(self) -> str:

@@ -74,9 +74,9 @@ from tierfs.storage import Listing, ObjectInfo, check_name
 from tierfs.storage.counters import Counters
 from tierfs.storage.gcs_auth import NO_CREDENTIALS, client_for
 from tierfs.storage.gcs_errors import _describe, _map_error
+from tierfs.storage.gcs_resource import _info, item_info
 from tierfs.storage.gcs_upload import (
     UPLOAD_CHUNK_BYTES,
-    _info,
     _Uploads,
 )
 from tierfs.storage.ratelimit import Throttle
@@ -277,13 +277,13 @@ class GcsBucket(_Uploads):
                 retry=retry,
                 timeout=timeout,
             )
+            iterator.item_to_value = item_info  # (not a storage.Blob each: `info_of`)
             objects: list[ObjectInfo] = []
             folded: list[ObjectInfo] = []  # named as a prefix: a directory's placeholder
             prefixes: set[str] = set()
             for page in iterator.pages:
                 counters.add(requests=1, lists=1)
-                for blob in page:
-                    info = _info(blob)
+                for info in page:
                     if delimiter and info.name.find(delimiter, len(prefix)) >= 0:
                         folded.append(info)
                     else:

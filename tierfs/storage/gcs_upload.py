@@ -15,7 +15,6 @@ import base64
 import builtins
 import contextlib
 import copy
-import datetime
 import json
 import os
 import secrets
@@ -36,6 +35,7 @@ from tierfs.errors import (
     UploadedOtherBytes,
 )
 from tierfs.storage import ObjectInfo, check_name
+from tierfs.storage.gcs_resource import _info
 from tierfs.storage.retry import (
     _BoundedRetry,
 )
@@ -112,42 +112,12 @@ class GcsUpload:
         await trio.to_thread.run_sync(run)
 
 
-def _info(blob: storage.Blob) -> ObjectInfo:
-    """An `ObjectInfo` from the object resource the server returned."""
-    if blob.generation is None:
-        raise BackendError(f"{blob.name}: the server returned an object without a generation")
-    return ObjectInfo(
-        name=blob.name,
-        size=int(blob.size or 0),
-        generation=int(blob.generation),
-        metageneration=int(blob.metageneration or 1),
-        updated_s=_updated_s(blob),
-        metadata=dict(blob.metadata or {}),
-        content_type=blob.content_type,
-        crc32c=blob.crc32c,
-    )
-
-
 def _generation_of(response: Any) -> int:
     """The generation an upload's answer names (0: none, or no answer to read)."""
     try:
         return int(response.json().get("generation", 0))
     except Exception:  # (no JSON body, or none at all)
         return 0
-
-
-def _updated_s(blob: storage.Blob) -> float:
-    """The object's update time, in seconds since the epoch. Read from the resource's
-    RFC 3339 text with `datetime.fromisoformat` (0.2 us): `Blob.updated` parses it with
-    strptime, ~25 us, which was most of the daemon's CPU for each entry of a listing."""
-    text = blob._properties.get("updated")
-    if not text:
-        return 0.0
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        updated = blob.updated  # (whatever else the library's parser takes)
-        return updated.timestamp() if updated is not None else 0.0
 
 
 def _file_crc(fd: int, size: int) -> str:
