@@ -79,8 +79,8 @@ class Inode:
     @property
     def lock(self) -> trio.Lock:
         """Held across a change that awaits (rename, its background move). Made at first
-        use: a cold stat storm makes an inode per name, and a trio.Lock each was a sixth
-        of a lookup's cost in the daemon."""
+        use: a cold stat storm makes an inode per name, and a trio.Lock each was ~2 of
+        the ~29 us a cold lookup took in the daemon (in-process, 10,000 names)."""
         if self._lock is None:
             self._lock = trio.Lock()
         return self._lock
