@@ -1,13 +1,17 @@
-"""The daemon's allocator settings (tierfs.cli.memory): they must take on glibc."""
+"""The daemon's memory: allocator settings (tierfs.cli.memory) that must take on glibc, and
+what it loads."""
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import subprocess
 import sys
 
 import pytest
+from google.cloud import storage
 
+from tests.mounting import Mount
 from tierfs.cli.memory import (
     MMAP_THRESHOLD_MAX,
     TRIM_MAX_BYTES,
@@ -59,3 +63,15 @@ def test_a_ram_tier_emptied_at_once_is_refilled_without_page_faults() -> None:
     faults = int(result.stdout)
     # 256 MiB faulted in again would be 65,536 faults (4 KiB pages).
     assert faults < 4096, f"{faults} page faults refilling a freed RAM tier"
+
+
+def test_the_mount_daemon_does_not_load_grpc(mount: Mount, gcs_client: storage.Client) -> None:
+    """grpc is installed (for the CSI plugin) and google-api-core imports it when it can:
+    9 MiB of resident memory the daemon never uses (tierfs/__main__.py keeps it out)."""
+    assert importlib.util.find_spec("grpc") is not None, "grpcio is part of the stack"
+    gcs_client.bucket(mount.bucket).blob("a.txt").upload_from_string(b"hello")
+    assert (mount.path / "a.txt").read_bytes() == b"hello"  # the GCS client is in use
+    (pid,) = mount.pids()
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
+        loaded = [line.split()[-1] for line in maps if "grpc" in line]
+    assert loaded == [], f"the daemon mapped {sorted(set(loaded))}"
