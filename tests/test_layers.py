@@ -29,6 +29,7 @@ GOOGLE = {  # GcsBucket and its parts, and the emulator helper
     "storage/gcs.py",
     "storage/gcs_auth.py",
     "storage/gcs_errors.py",
+    "storage/gcs_read.py",
     "storage/gcs_resource.py",
     "storage/gcs_upload.py",
     "storage/retry.py",

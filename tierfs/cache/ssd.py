@@ -82,7 +82,6 @@ from tierfs.cache.ssd_format import (
     FORMAT_VERSION,
     HEADER,
     MAGIC,
-    SEAL,
     _auto_capacity,
     _header,
     _name_bytes,
@@ -96,7 +95,7 @@ from tierfs.cache.ssd_format import (
 from tierfs.cache.ssd_parts import PartFiles
 from tierfs.cache.ssd_read import _Reads
 from tierfs.cache.ssd_scan import _prepare
-from tierfs.cache.ssd_seals import Passthrough, _Seals
+from tierfs.cache.ssd_seals import SEAL, Passthrough, _Seals
 
 __all__ = [
     "AUTO",

@@ -1,5 +1,5 @@
-"""The SSD tier's files on disk: names, block headers and seals (the start-up scan that
-reads them back is `tierfs.cache.ssd_scan`).
+"""The SSD tier's files on disk: names and block headers (the start-up scan that reads
+them back is `tierfs.cache.ssd_scan`; the seals of whole objects, `tierfs.cache.ssd_seals`).
 
 Everything here is a pure function of paths and bytes (no tier state), so the format
 can be read and checked on its own; `tierfs.cache.ssd.SsdTier` keeps the index, the
@@ -35,19 +35,6 @@ copy is never served. Orphaned temporaries and data files with no record left ar
 deleted at the next `open`. (An fdatasync per block halved the write rate on the
 benchmark machine, 237 vs 539 MB/s, and bought no correctness the checks do not
 already give.)
-
-Seal and passthrough. Once every block of an object is here and was written or
-CRC-checked by this process, `seal` fdatasyncs the data file and records its identity
-(inode, size, mtime and ctime in nanoseconds) in the seal, published like a record.
-`passthrough` hands out a sealed data file whose identity still matches, for the kernel
-to read without the daemon: after a remount, a restore reads it as fast as a local
-file. Any write to the file, by us or by anyone (an editor, ``dd``, a restore from
-backup), changes its ctime, which no one can set back: such a file loses its seal
-and is read block by block with CRC checks again. The seal trusts the disk's own
-checks for bytes that rot silently on the medium after they were synced; use
-``--file-cache-passthrough=false`` to have every read checked. While the kernel reads
-a data file (it is *pinned*), no range of it is ever punched out: evicting one of its
-blocks unlinks the whole file instead, and open readers keep their copy.
 
 What the tier does not resist is a deliberate forgery with a valid record and CRC, or
 a forged seal; hence the 0700 directories. Recency survives restarts too: a hit sets
@@ -88,10 +75,6 @@ FORMAT_DIR = "v3"
 FORMAT_VERSION = 3  # 2: CRC32C instead of zlib's CRC32; 3: one data file per object
 MAGIC = b"TFSB"
 HEADER = struct.Struct("<4sHHIQQQQI")
-SEAL_MAGIC = b"TFSS"
-SEAL = struct.Struct("<4sHHQQQqqQ")  # magic, version, 0, generation, block size, size,
-#                                      mtime_ns, ctime_ns, inode; then CRC32C of those
-_SEAL_CRC = struct.Struct("<I")
 DEFAULT_MAX_ENTRIES = 1 << 20
 _NAME_HASH_HEX = 32
 _TMP_PREFIX = ".tmp-"
@@ -442,60 +425,3 @@ def _read_block(
         return _OK, payload
     finally:
         os.close(fd)
-
-
-def _seal_bytes(generation: int, block_size: int, st: os.stat_result) -> bytes:
-    fields = SEAL.pack(
-        SEAL_MAGIC,
-        FORMAT_VERSION,
-        0,
-        generation,
-        block_size,
-        st.st_size,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
-        st.st_ino,
-    )
-    return fields + _SEAL_CRC.pack(google_crc32c.value(fields))
-
-
-def _write_seal(seal: Path, data_path: Path, generation: int, block_size: int, size: int) -> bool:
-    """Sync the data file, then record its identity in ``seal``; False if it is not
-    ``size`` bytes long (then nothing is written)."""
-    fd = _open_ours(data_path)
-    if isinstance(fd, str):
-        return False
-    try:
-        os.fdatasync(fd)
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if st.st_size != size:
-        return False
-    _publish(seal, _seal_bytes(generation, block_size, st))
-    return True
-
-
-def _check_seal(
-    seal: Path, data_path: Path, generation: int, block_size: int, size: int, records: list[Path]
-) -> bool:
-    """Whether ``seal`` vouches for the data file as it is now; touch ``records`` if so."""
-    fd = _open_ours(seal)
-    if isinstance(fd, str):
-        return False
-    try:
-        raw = _pread_exact(fd, SEAL.size + _SEAL_CRC.size + 1, 0)
-    finally:
-        os.close(fd)
-    try:
-        st = os.stat(data_path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-        return False
-    if raw != _seal_bytes(generation, block_size, st):
-        return False
-    for record in records:  # a passthrough open is a use of every block
-        with contextlib.suppress(OSError):
-            os.utime(record, follow_symlinks=False)
-    return True

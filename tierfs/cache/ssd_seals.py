@@ -1,25 +1,44 @@
 """The SSD tier's whole objects: sealing a complete object, and handing its file to the
 kernel (FUSE passthrough) pinned until the last open of it closes.
 
-A seal records the data file's size, mtime and inode next to it; a file changed since
-no longer matches and loses it (then it is read block by block, each block checked).
-Part of `tierfs.cache.ssd.SsdTier`, sharing its state.
+Once every block of an object is here and was written or
+CRC-checked by this process, `seal` fdatasyncs the data file and records its identity
+(inode, size, mtime and ctime in nanoseconds) in the seal, published like a record.
+`passthrough` hands out a sealed data file whose identity still matches, for the kernel
+to read without the daemon: after a remount, a restore reads it as fast as a local
+file. Any write to the file, by us or by anyone (an editor, ``dd``, a restore from
+backup), changes its ctime, which no one can set back: such a file loses its seal
+and is read block by block with CRC checks again. The seal trusts the disk's own
+checks for bytes that rot silently on the medium after they were synced; use
+``--file-cache-passthrough=false`` to have every read checked. While the kernel reads
+a data file (it is *pinned*), no range of it is ever punched out: evicting one of its
+blocks unlinks the whole file instead, and open readers keep their copy.
+
+The seal's format (`SEAL`, then the CRC32C of its fields) lives here with the code that
+writes and checks it. `_Seals` is part of `tierfs.cache.ssd.SsdTier`, sharing its state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import google_crc32c
 import trio
 
 from tierfs.cache.ssd_format import (
-    _check_seal,
+    FORMAT_VERSION,
     _name_bytes,
     _name_hash,
-    _write_seal,
+    _open_ours,
+    _pread_exact,
+    _publish,
 )
 
 if TYPE_CHECKING:  # a part of SsdTier, sharing its state
@@ -28,6 +47,11 @@ else:
     _Base = object
 
 log = logging.getLogger("tierfs.cache")
+
+SEAL_MAGIC = b"TFSS"
+SEAL = struct.Struct("<4sHHQQQqqQ")  # magic, version, 0, generation, block size, size,
+#                                      mtime_ns, ctime_ns, inode; then CRC32C of those
+_SEAL_CRC = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -130,3 +154,60 @@ class _Seals(_Base):
         return obj
 
     # -- helpers -------------------------------------------------------------------------
+
+
+def _seal_bytes(generation: int, block_size: int, st: os.stat_result) -> bytes:
+    fields = SEAL.pack(
+        SEAL_MAGIC,
+        FORMAT_VERSION,
+        0,
+        generation,
+        block_size,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        st.st_ino,
+    )
+    return fields + _SEAL_CRC.pack(google_crc32c.value(fields))
+
+
+def _write_seal(seal: Path, data_path: Path, generation: int, block_size: int, size: int) -> bool:
+    """Sync the data file, then record its identity in ``seal``; False if it is not
+    ``size`` bytes long (then nothing is written)."""
+    fd = _open_ours(data_path)
+    if isinstance(fd, str):
+        return False
+    try:
+        os.fdatasync(fd)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_size != size:
+        return False
+    _publish(seal, _seal_bytes(generation, block_size, st))
+    return True
+
+
+def _check_seal(
+    seal: Path, data_path: Path, generation: int, block_size: int, size: int, records: list[Path]
+) -> bool:
+    """Whether ``seal`` vouches for the data file as it is now; touch ``records`` if so."""
+    fd = _open_ours(seal)
+    if isinstance(fd, str):
+        return False
+    try:
+        raw = _pread_exact(fd, SEAL.size + _SEAL_CRC.size + 1, 0)
+    finally:
+        os.close(fd)
+    try:
+        st = os.stat(data_path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return False
+    if raw != _seal_bytes(generation, block_size, st):
+        return False
+    for record in records:  # a passthrough open is a use of every block
+        with contextlib.suppress(OSError):
+            os.utime(record, follow_symlinks=False)
+    return True

@@ -1,6 +1,7 @@
 """`GcsBucket`: the `Bucket` protocol over google-cloud-storage (real GCS or the emulator).
 
-This is the only module that imports ``google.*``. Three jobs happen here and nowhere else:
+It and its parts (``gcs_*.py``: uploads, reads, resources, credentials, errors) are the
+only modules that import ``google.*``. Three jobs happen here and nowhere else:
 
 Threads.  The client library blocks, so every call runs in ``trio.to_thread.run_sync``
 under one ``trio.CapacityLimiter`` per client: the limiter bounds concurrent requests
@@ -37,11 +38,6 @@ retried, and an upload that makes no progress for ``chunk-transfer-timeout-secs`
 cut and retried.  The last transient failure is kept (`last_error`) for the daemon's
 warnings about slow requests.
 
-Reads ask for an exact generation and a byte range; GCS (and the emulator) answer 416
-for a range starting at or past the end, which is simply EOF here.  Objects are read
-raw (``raw_download``), as gcsfuse does, so a gzip-encoded object reads as the bytes
-that ``size`` counts.
-
 Library quirks handled here: google-cloud-storage >= 3.17 starts a thread of its own to
 fetch bucket metadata for tracing (a request outside the limiter and the retry policy,
 which may outlive `close`), so that cache is switched off; a failed streamed download
@@ -52,15 +48,11 @@ with anonymous credentials a 401 must not trigger a token refresh.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TypeVar
 
-import requests
-import requests.adapters
 import trio
-import urllib3
 from google.api_core import exceptions as api_exceptions
 from google.cloud import storage
 
@@ -74,6 +66,7 @@ from tierfs.storage import Listing, ObjectInfo, check_name
 from tierfs.storage.counters import Counters
 from tierfs.storage.gcs_auth import NO_CREDENTIALS, client_for
 from tierfs.storage.gcs_errors import _describe, _map_error
+from tierfs.storage.gcs_read import _Reads
 from tierfs.storage.gcs_resource import _info, item_info
 from tierfs.storage.gcs_upload import (
     UPLOAD_CHUNK_BYTES,
@@ -97,7 +90,7 @@ _CHECK_ATTEMPTS = 3
 T = TypeVar("T")
 
 
-class GcsBucket(_Uploads):
+class GcsBucket(_Uploads, _Reads):
     """One bucket on GCS or a GCS-compatible endpoint.  Build it with `connect`."""
 
     def __init__(
@@ -294,74 +287,6 @@ class GcsBucket(_Uploads):
             return _listing(objects, prefixes, max_results, folded)
 
         return await self._call(run, f"gs://{self.name}/{prefix}*", abandon=True)
-
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0:
-            raise ValueError(f"negative offset or length: {offset}, {length}")
-        if length == 0:
-            await trio.lowlevel.checkpoint()
-            return b""
-        retry, timeout, stall = self._retry, self._timeout_s, self._stall
-        counters = self._counters
-        session: requests.Session = self._client._http
-        # The library's own URL (host, escaping, userProject), fetched our way below.
-        url = self._bucket.blob(name, generation=generation)._get_download_url(self._client)
-        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "Accept-Encoding": "identity"}
-
-        def attempt() -> bytes:
-            # A raw streamed GET read into one bytes object: the client library's
-            # download_as_bytes copies through a BytesIO in small pieces, at about half the
-            # speed and twice the memory (measured on the emulator).
-            if stall is None:
-                return receive(timeout or None)
-            try:
-                return receive((timeout or None, stall.current()), stall.observe)
-            except (requests.Timeout, urllib3.exceptions.TimeoutError):
-                stall.stalled()  # no head in time, or the body stopped coming
-                counters.add(read_stalls=1)
-                raise
-
-        def receive(
-            limit: float | tuple[float | None, float] | None,
-            on_head: Callable[[float], None] | None = None,
-        ) -> bytes:
-            started = time.monotonic()
-            response = session.get(url, headers=headers, stream=True, timeout=limit)
-            if on_head is not None:
-                on_head(time.monotonic() - started)
-            try:
-                if response.status_code == 416:  # range starts at or past the end
-                    return b""
-                if response.status_code >= 400:
-                    _ = response.content
-                    raise api_exceptions.from_http_response(response)
-                declared = response.headers.get("Content-Length")
-                if declared is None:  # no length announced: let requests assemble it
-                    return response.content[:length]
-                # One bytes object, filled from the socket by the buffered reader under
-                # http.client (no zero-filled buffer first, no copy after: those two were
-                # a third of the daemon's CPU in a cold 1 GiB read).
-                wanted = min(int(declared), length)
-                data: bytes = response.raw.read(wanted, decode_content=False)
-                if len(data) < wanted:  # the connection ended early: never a short block
-                    raise requests.ConnectionError(f"short read: {len(data)} of {wanted} bytes")
-                return data
-            finally:
-                response.close()
-
-        def run() -> bytes:
-            return retry(attempt)()
-
-        data = await self._call(
-            run,
-            f"gs://{self.name}/{name}#{generation}",
-            abandon=True,
-            nbytes=length,
-            requests=1,
-            media_reads=1,
-        )
-        self._counters.add(bytes_read=len(data))
-        return data
 
     async def delete(self, name: str, *, if_generation_match: int | None = None) -> None:
         # Retried even without a precondition, as gcsfuse retries every request: a retry

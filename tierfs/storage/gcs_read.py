@@ -1,0 +1,98 @@
+"""Ranged reads from GCS: one streamed GET of an exact generation and byte range, read
+from the socket into one bytes object.
+
+Reads ask for an exact generation and a byte range; GCS (and the emulator) answer 416
+for a range starting at or past the end, which is simply EOF here.  Objects are read
+raw (``raw_download``), as gcsfuse does, so a gzip-encoded object reads as the bytes
+that ``size`` counts.
+
+A read whose response stops coming is cut by the read-stall timeout
+(`tierfs.storage.stall`) and retried. Part of `GcsBucket` (a mixin sharing its client,
+retries, limiter and counters).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import requests
+import trio
+import urllib3
+from google.api_core import exceptions as api_exceptions
+
+if TYPE_CHECKING:  # a part of GcsBucket, sharing its state
+    from typing import Any as _Base
+else:
+    _Base = object
+
+
+class _Reads(_Base):
+    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0:
+            raise ValueError(f"negative offset or length: {offset}, {length}")
+        if length == 0:
+            await trio.lowlevel.checkpoint()
+            return b""
+        retry, timeout, stall = self._retry, self._timeout_s, self._stall
+        counters = self._counters
+        session: requests.Session = self._client._http
+        # The library's own URL (host, escaping, userProject), fetched our way below.
+        url = self._bucket.blob(name, generation=generation)._get_download_url(self._client)
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "Accept-Encoding": "identity"}
+
+        def attempt() -> bytes:
+            # A raw streamed GET read into one bytes object: the client library's
+            # download_as_bytes copies through a BytesIO in small pieces, at about half the
+            # speed and twice the memory (measured on the emulator).
+            if stall is None:
+                return receive(timeout or None)
+            try:
+                return receive((timeout or None, stall.current()), stall.observe)
+            except (requests.Timeout, urllib3.exceptions.TimeoutError):
+                stall.stalled()  # no head in time, or the body stopped coming
+                counters.add(read_stalls=1)
+                raise
+
+        def receive(
+            limit: float | tuple[float | None, float] | None,
+            on_head: Callable[[float], None] | None = None,
+        ) -> bytes:
+            started = time.monotonic()
+            response = session.get(url, headers=headers, stream=True, timeout=limit)
+            if on_head is not None:
+                on_head(time.monotonic() - started)
+            try:
+                if response.status_code == 416:  # range starts at or past the end
+                    return b""
+                if response.status_code >= 400:
+                    _ = response.content
+                    raise api_exceptions.from_http_response(response)
+                declared = response.headers.get("Content-Length")
+                if declared is None:  # no length announced: let requests assemble it
+                    return response.content[:length]
+                # One bytes object, filled from the socket by the buffered reader under
+                # http.client (no zero-filled buffer first, no copy after: those two were
+                # a third of the daemon's CPU in a cold 1 GiB read).
+                wanted = min(int(declared), length)
+                data: bytes = response.raw.read(wanted, decode_content=False)
+                if len(data) < wanted:  # the connection ended early: never a short block
+                    raise requests.ConnectionError(f"short read: {len(data)} of {wanted} bytes")
+                return data
+            finally:
+                response.close()
+
+        def run() -> bytes:
+            return retry(attempt)()
+
+        data = await self._call(
+            run,
+            f"gs://{self.name}/{name}#{generation}",
+            abandon=True,
+            nbytes=length,
+            requests=1,
+            media_reads=1,
+        )
+        self._counters.add(bytes_read=len(data))
+        return data
