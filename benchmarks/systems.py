@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from benchmarks.env import META_BUCKET, Env
+from benchmarks.env import DATA_BUCKET, META_BUCKET, Env
 from tierfs.cli.daemon import daemon_pids
 
 TIERFS = str(Path(sys.executable).parent / "tierfs")
@@ -454,16 +454,19 @@ class Rclone(SpawnedFuse):
 class NullFuse(SpawnedFuse):
     """The stack's ceiling: `benchmarks.nullfs`, pyfuse3 + trio with files in a dict and
     nothing behind them. Driven like a local directory (durable means fsync, which it
-    answers at once); what tierfs's create rate, its Orbax and DCP save times, and its
-    stat and ``ls -lR`` rates are measured against. For the metadata workload the tree
-    is written into it after each mount (it keeps nothing across one): "cold" there
-    means the kernel forgot every name, and the daemon answers each from memory."""
+    answers at once); what tierfs's create rate, its Orbax and DCP save times, its stat
+    and ``ls -lR`` rates, and its sequential and random read rates are measured against.
+    For the metadata and read workloads the tree or the data set is written into it
+    after each mount (it keeps nothing across one): "cold" there means the kernel forgot
+    every name and page, and the daemon answers each from memory, so a read rate of this
+    system is what a FUSE file system on pyfuse3 and trio can give here with nothing to
+    fetch (its RSS holds the whole data set)."""
 
     name = "pyfuse3-null"
     description = "pyfuse3 + trio, files in a dict, nothing behind them (benchmarks/nullfs.py)"
     kind = "local"
     network = False
-    only = ("create", "orbax", "dcp", "meta")
+    only = ("create", "orbax", "dcp", "meta", "read", "rand")
 
     def mount(self, bucket: str, *, fresh: bool = True) -> Path:
         root = super().mount(bucket, fresh=fresh)
@@ -472,6 +475,10 @@ class NullFuse(SpawnedFuse):
                 (root / directory).mkdir(parents=True, exist_ok=True)
             for name, size in self.env.meta_files.items():
                 (root / name).write_bytes(b"m" * size)
+        elif bucket == DATA_BUCKET:
+            for name, data in self.env.data_objects.items():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).write_bytes(data)
         return root
 
     def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
