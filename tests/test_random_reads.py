@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import MountFactory
 from tests.mounting import stats
+from tests.test_mount_option_effects import free_port, scrape
 from tests.test_options_forms import CHECKPOINT_LINE
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
@@ -52,6 +53,21 @@ async def test_a_second_touch_of_a_piece_asks_gcs_nothing() -> None:
         assert await read(reader, offset, 4096) == data[offset : offset + 4096]
     assert blocks.gcs_ranges == 1
     assert blocks.tiers[0].statistics()["piece_hits"] == 3 and blocks.gcs_blocks == 0
+
+
+async def test_a_read_is_answered_at_once_only_from_what_memory_holds() -> None:
+    """`read_now` answers from kept pieces and the block last used, never asks GCS, and
+    leaves to `read` a first read (it may start a fill) and a region not fetched yet."""
+    blocks, reader, data = setup()
+    assert reader.read_now(P, 4096) is None  # the first read
+    await read(reader, 6 * P, 4096)
+    assert reader.read_now(6 * P + 4096, 4096) is None  # sequential, block not in RAM
+    reader._next = -1
+    assert reader.read_now(9 * P, 4096) is None  # random, not fetched
+    now = reader.read_now(6 * P + 100, 4096)  # random, in the piece kept
+    assert now is not None and bytes(now) == data[6 * P + 100 :][:4096]
+    assert reader._next == 6 * P + 100 + 4096  # the bookkeeping of `read`
+    assert (blocks.gcs_ranges, blocks.gcs_blocks) == (1, 0)
 
 
 async def test_a_read_across_pieces_fetches_them_in_one_request() -> None:
@@ -104,7 +120,11 @@ def test_random_reads_match_the_object_and_a_second_pass_is_free(
         for _pass in range(2):
             for offset, length in reads:
                 reader._next = -1  # every read random, as after a seek
-                assert await read(reader, offset, length) == data[offset : offset + length]
+                if _pass == 1:  # all kept: answered at once, no wait (one block: 5 of 8 MiB)
+                    now = reader.read_now(offset, length)
+                    assert now is not None and bytes(now) == data[offset : offset + length]
+                else:
+                    assert await read(reader, offset, length) == data[offset : offset + length]
             if _pass == 0:
                 first = blocks.gcs_ranges
         assert blocks.gcs_ranges == first
@@ -197,16 +217,21 @@ def test_random_reads_through_a_mount_remember_what_they_fetched(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
 ) -> None:
     """Random 4 KiB reads of a 64 MiB object at the defaults, then the same reads again
-    after the kernel's page cache is dropped: the second pass makes no GCS media read, and
-    every read returns the object's bytes."""
+    after the kernel's page cache is dropped: the second pass makes no GCS media read,
+    every read returns the object's bytes, and each is counted in the metrics (answered
+    at once from RAM, `read_now`, it still goes through the handler's accounting)."""
     data = os.urandom(64 * MiB)
     gcs_client.bucket(bucket_name).blob("blob").upload_from_string(data)
-    mount = mount_factory()
+    port = free_port()
+    mount = mount_factory(f"--prometheus-port={port}")
+    reads = 'fs_ops_count_total{fs_op="read"}'
     rng = random.Random(3)
     offsets = [rng.randrange(0, len(data) // 4096) * 4096 for _ in range(200)]
     passes = []
+    counted = []
     for _ in range(2):
         Path("/proc/sys/vm/drop_caches").write_text("1")  # the kernel's copies of the pages
+        before = scrape(port).get(reads, 0)
         fd = os.open(mount.path / "blob", os.O_RDONLY)
         try:
             for offset in offsets:
@@ -214,7 +239,9 @@ def test_random_reads_through_a_mount_remember_what_they_fetched(
         finally:
             os.close(fd)
         passes.append(stats(mount)["gcs"]["media_reads"])
+        counted.append(scrape(port)[reads] - before)
     assert 0 < passes[0] <= len(offsets) and passes[1] == passes[0], passes
+    assert counted[1] == counted[0] > 0, counted  # the same reads reached the daemon
 
 
 def test_random_reads_of_an_object_in_the_ssd_tier_read_only_their_bytes(

@@ -77,6 +77,11 @@ class Tier(Protocol):
         vouch for without checking it whole, or none)."""
         ...
 
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        """`read_part`'s answer when the tier can give it without waiting (memory); None
+        otherwise: then the caller awaits `read_part`."""
+        ...
+
     def get_piece(self, key: PieceKey) -> bytes | None:
         """A piece a random read fetched, or None (a tier that keeps no pieces: always)."""
         ...

@@ -175,6 +175,9 @@ class RamTier:
             del self._blocks[key]
 
     async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        return self.read_part_now(key, offset, length)
+
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
         data = self._blocks.get(key)
         if data is None:
             return None  # (not a miss yet: the caller looks further)

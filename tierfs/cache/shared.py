@@ -240,6 +240,9 @@ class SharedTier:
     async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
         return None  # another node's block is checked whole (`get`) before it is served
 
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        return None  # a file read: never without waiting
+
     def get_piece(self, key: PieceKey) -> bytes | None:
         return None  # random reads' pieces stay in this node's RAM
 

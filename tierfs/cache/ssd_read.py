@@ -34,7 +34,7 @@ log = logging.getLogger("tierfs.cache")
 
 
 class _Reads(_Base):
-    """get, read_part and _read of `SsdTier`."""
+    """get, read_part(_now) and _read of `SsdTier`."""
 
     async def get(self, key: BlockKey) -> bytes | None:
         self._check_open()
@@ -78,6 +78,9 @@ class _Reads(_Base):
             # Without a data file of ours, no block of the object can be served.
             await self._delete(self._drops([stem], whole=status.startswith("data file")))
         return None
+
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        return None  # a disk read, even when it is a page-cache hit: `read_part` decides
 
     async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
         """Bytes of a block this process wrote or checked (`_trusted`), read alone: a

@@ -64,17 +64,51 @@ class BlockReader:
         size = self.blocks.block_size
         first, last = offset // size, (end - 1) // size
         random = offset != self._next and not (self._first and offset == 0)
-        self._plan(offset, last)
-        job = (self.name, self.generation)
-        if not self._pacing:  # where the reader asks to be, before its blocks arrive
-            self._pacing = True
-            self.blocks.paces.opened(job)
-        self.blocks.paces.at(job, last)
-        self._next = end
+        job = self._announce(offset, last, end)
         try:  # a reader waiting for its blocks has not stopped: the fill stays paced
             return await self._read(offset, end, first, last, random)
         finally:
             self.blocks.paces.answered(job)
+
+    def _announce(self, offset: int, last: int, end: int) -> tuple[str, int]:
+        """A read of [offset, end) is asked for: plan background work, and tell the fill's
+        pace where the reader is, before its blocks arrive."""
+        self._plan(offset, last)
+        job = (self.name, self.generation)
+        if not self._pacing:
+            self._pacing = True
+            self.blocks.paces.opened(job)
+        self.blocks.paces.at(job, last)
+        self._next = end
+        return job
+
+    def read_now(self, offset: int, length: int) -> bytes | memoryview | None:
+        """`read`'s answer when it needs no wait: within the block last used, or a random
+        read the RAM tier answers (its block, or kept pieces); None: await `read`.
+
+        Why: a request that waits for nothing needs none of the machinery that lets a
+        waiting one be interrupted (a cancel scope per request: 6 of 15 us in-process for
+        a second touch of a random 4 KiB region). The bookkeeping is `read`'s."""
+        if offset >= self.size or length <= 0 or self._first:
+            return None  # (a first read may start a fill: `read` decides)
+        end = min(offset + length, self.size)
+        size = self.blocks.block_size
+        first, last = offset // size, (end - 1) // size
+        if first != last:
+            return None
+        data: bytes | memoryview | None
+        if self._last is not None and self._last[0] == first:
+            start = offset - first * size
+            data = memoryview(self._last[1])[start : start + end - offset]
+        elif offset != self._next:
+            key = BlockKey(self.name, self.generation, first)
+            data = self.blocks.read_random_now(key, offset, end - offset, self.size)
+        else:
+            return None
+        if data is None:
+            return None
+        self.blocks.paces.answered(self._announce(offset, last, end))
+        return data
 
     async def _read(
         self, offset: int, end: int, first: int, last: int, random: bool

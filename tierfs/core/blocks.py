@@ -30,13 +30,16 @@ import google_crc32c
 import trio
 from cachetools import LRUCache
 
-from tierfs.cache import BlockKey, PieceKey, Tier
+from tierfs.cache import BlockKey, Tier
 from tierfs.cache.ssd import Passthrough
 from tierfs.core.pace import Paces
+from tierfs.core.randomreads import PIECE_BYTES, _RandomReads
 from tierfs.errors import NotFound, root_cause
 from tierfs.storage import Bucket
 
 log = logging.getLogger("tierfs.blocks")
+
+__all__ = ["DOWNLOAD_COPIES", "PIECE_BYTES", "Blocks", "Memory"]
 
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
 
@@ -57,22 +60,13 @@ class Memory(Protocol):
     def demote(self, key: BlockKey) -> None: ...
 
 
-# What a random read fetches and keeps, at least. Small, so that the RAM tier remembers
-# many regions: 8 s of random 4 KiB reads over a 1 GiB object touch ~6,000 of them,
-# which in 256 KiB pieces was 1.5 GiB, six times a 256 MiB RAM tier, and a second touch
-# found ~25 % (742-822 IOPS); in 16 KiB pieces it is ~100 MiB, and a second touch ran at
-# 6,229 IOPS with no GCS request (`benchmarks` rand, plain, same machine). A larger read
-# still fetches all the pieces it spans in one request.
-PIECE_BYTES = 16 << 10
-
-
 @dataclass
 class _Flight:
     done: trio.Event = field(default_factory=trio.Event)
     data: bytes | None = None
 
 
-class Blocks:
+class Blocks(_RandomReads):
     """Blocks of objects from the tiers or GCS; one download per block at a time."""
 
     def __init__(
@@ -157,89 +151,6 @@ class Blocks:
         if data is None and key in self._inflight:
             return await self.get(key, object_size)
         return data
-
-    async def read_random(
-        self, key: BlockKey, offset: int, length: int, size: int
-    ) -> bytes | memoryview:
-        """A random read of ``length`` bytes at ``offset`` of the object, within block
-        ``key``: only these bytes from a tier that holds the block (a slice in RAM, one
-        pread on the SSD tier), else the whole block if a tier must check it first or its
-        download is under way, else pieces (`_kept`, `_fetch_range`). Only a block the SSD
-        tier must check first (found on disk at mount) is read whole, once; otherwise no
-        whole block is read or brought into RAM for a 4 KiB read: across a large object
-        that evicted what sequential readers need and cost 8 MiB of reading per read."""
-        self.random_reads += 1
-        within = offset - key.index * self.block_size
-        for tier in self.tiers:
-            try:
-                part = await tier.read_part(key, within, length)
-            except Exception as err:  # a failing tier is a miss, never the user's error
-                self.tier_errors += 1
-                log.warning("%s tier failed to read %s: %s", tier.name, key, err)
-                continue
-            if part is not None:
-                return part
-        # Pieces an earlier random read kept, before a block the tiers may hold: answered
-        # without an await (a second touch: 61-63 -> 53-56 us of daemon CPU per read).
-        kept = self._kept(key.name, key.generation, offset, length, size)
-        if kept is not None:
-            return kept
-        data = await self.cached(key, size)
-        if data is None:
-            return await self._fetch_range(key.name, key.generation, offset, length, size)
-        return memoryview(data)[within : within + length]
-
-    def _kept(
-        self, name: str, generation: int, offset: int, length: int, object_size: int
-    ) -> bytes | None:
-        """A random read's bytes if a tier keeps all the pieces they span (RAM), else None."""
-        piece = self.piece_bytes
-        first, end = offset - offset % piece, min(offset + length, object_size)
-        parts = []
-        for start in range(first, end, piece):
-            part = self._piece(PieceKey(name, generation, start))
-            if part is None:
-                return None
-            parts.append(part)
-        joined = parts[0] if len(parts) == 1 else b"".join(parts)
-        return joined[offset - first : end - first]
-
-    async def _fetch_range(
-        self, name: str, generation: int, offset: int, length: int, object_size: int
-    ) -> bytes:
-        """A random read's bytes, in whole *pieces* (`PIECE_BYTES`, aligned), with one
-        ranged GCS read of the pieces it spans, kept in the tiers that keep pieces (RAM),
-        so that the next touch of the same region needs no request (`_kept`). (A block is
-        the unit of sequential caching; fetching 8 MiB to answer 4 KiB would cost 2,000
-        times the bytes and the time; a piece costs one request's latency plus its few
-        KiB. Measured on the emulator: 1 MiB pieces cut first-touch 4 KiB reads from ~900
-        to ~620 IOPS.)
-
-        Not under the downloads limiter: a reader waiting on one small range must not
-        queue behind a whole-object fill's block downloads (measured: QD1 random reads
-        during a 1 GiB fill fell to 13/s). The bucket's own limiter still bounds it."""
-        piece = self.piece_bytes
-        first, end = offset - offset % piece, min(offset + length, object_size)
-        starts = range(first, end, piece)
-        last = min(starts[-1] + piece, object_size)
-        data = await self.bucket.read(
-            name, generation=generation, offset=first, length=last - first
-        )
-        self.gcs_ranges += 1
-        self.gcs_bytes += len(data)
-        for start in starts:
-            part = data[start - first : start - first + piece]
-            if len(part) == min(piece, object_size - start):  # never keep a short answer
-                for tier in self.tiers:
-                    tier.put_piece(PieceKey(name, generation, start), part)
-        return data[offset - first : end - first]
-
-    def _piece(self, key: PieceKey) -> bytes | None:
-        for tier in self.tiers:
-            data = tier.get_piece(key)
-            if data is not None:
-                return data
-        return None
 
     async def _from_tiers(self, key: BlockKey) -> bytes | None:
         for level, tier in enumerate(self.tiers):

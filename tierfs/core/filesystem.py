@@ -374,6 +374,16 @@ class Filesystem(
         self._writers += writable
         return self.files.add(handle)
 
+    def read_now(self, fh: int, offset: int, length: int) -> bytes | memoryview | None:
+        """`read`'s answer when it needs no wait (`BlockReader.read_now`); None: await `read`."""
+        handle = self.files.get(fh)
+        if handle is None or handle.reader is None:
+            return None
+        inode = handle.inode
+        if inode.staged is not None or handle.reader.generation != inode.generation:
+            return None
+        return handle.reader.read_now(offset, length)
+
     async def read(self, fh: int, offset: int, length: int) -> bytes | memoryview:
         handle = self.files[fh]
         inode = handle.inode

@@ -55,6 +55,9 @@ class HandleTable(Generic[H]):
     def __getitem__(self, fh: int) -> H:
         return self._handles[fh]
 
+    def get(self, fh: int) -> H | None:
+        return self._handles.get(fh)
+
     def pop(self, fh: int) -> H | None:
         return self._handles.pop(fh, None)
 
