@@ -190,6 +190,11 @@ async def test_a_random_read_of_a_block_on_the_ssd_tier_reads_only_its_bytes(
         assert await read(reader, offset, 4096) == data[offset : offset + 4096]
     assert ssd.statistics()["bytes_read"] - before == 4096 * len(offsets)
     assert (blocks.gcs_blocks, blocks.gcs_ranges) == (1, 0)
+    for offset in offsets:  # again: answered at once, read on the trio thread
+        reader._next = -1
+        now = reader.read_now(offset, 4096)
+        assert now is not None and bytes(now) == data[offset : offset + 4096]
+    assert ssd.statistics()["bytes_read"] - before == 2 * 4096 * len(offsets)
 
 
 async def test_a_block_from_an_earlier_mount_is_checked_whole_before_parts_of_it_are_read(

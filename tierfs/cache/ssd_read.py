@@ -80,7 +80,21 @@ class _Reads(_Base):
         return None
 
     def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
-        return None  # a disk read, even when it is a page-cache hit: `read_part` decides
+        """`read_part`'s answer when it is read on the trio thread (`tierfs.cache.ssd_parts`:
+        from the page cache, or one small pread): no wait for a worker thread. None on any
+        doubt, and `read_part` reads it again (and counts a failure once)."""
+        self._check_open()
+        at = self._part_at(key, offset)
+        if at is None:
+            return None
+        stem, obj, position = at
+        try:
+            data = self._parts.read(obj, self._data_path, position, length)
+        except OSError:
+            return None
+        if data is None or len(data) != length:
+            return None
+        return self._part_served(stem, data)
 
     async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
         """Bytes of a block this process wrote or checked (`_trusted`), read alone: a
@@ -89,21 +103,18 @@ class _Reads(_Base):
         block from an earlier mount is checked whole once first (`get`), as the kernel's
         passthrough reads of a sealed file are not checked at all."""
         self._check_open()
-        if not self._max_bytes or not self._wanted(key.name):
+        at = self._part_at(key, offset)
+        if at is None:
             return None
-        stem = self._stem(_name_bytes(key.name), key)
-        if stem not in self._index or stem not in self._trusted:
-            return None
-        obj = _object_of(stem)
-        at = key.index * self._block_size + offset
+        stem, obj, position = at
         forgets = self._forgets
         try:
             # On the trio thread first (`tierfs.cache.ssd_parts`): nothing awaits between
             # the index check above and this read, so the block cannot be dropped under it.
-            data = self._parts.read(obj, self._data_path, at, length)
+            data = self._parts.read(obj, self._data_path, position, length)
             if data is None:
                 data = await trio.to_thread.run_sync(
-                    _read_part, self._data_path(obj), at, length, limiter=self._limiter
+                    _read_part, self._data_path(obj), position, length, limiter=self._limiter
                 )
         except OSError as exc:
             self._errors += 1
@@ -112,10 +123,22 @@ class _Reads(_Base):
         # Dropped while we read: its range may have been punched out (zeros), so no answer.
         if data is None or len(data) != length or self._forgets != forgets:
             return None
+        return self._part_served(stem, data)
+
+    def _part_at(self, key: BlockKey, offset: int) -> tuple[str, str, int] | None:
+        """(record stem, data file, position in it) of a part `read_part` may read alone."""
+        if not self._max_bytes or not self._wanted(key.name):
+            return None
+        stem = self._stem(_name_bytes(key.name), key)
+        if stem not in self._index or stem not in self._trusted:
+            return None
+        return stem, _object_of(stem), key.index * self._block_size + offset
+
+    def _part_served(self, stem: str, data: bytes) -> bytes:
         if stem in self._index:
             self._index.move_to_end(stem)
         self._hits += 1
-        self._bytes_read += length
+        self._bytes_read += len(data)
         return data
 
     async def _read(self, stem: str, name: bytes, key: BlockKey) -> tuple[str, bytes]:
