@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import trio
+
 from tierfs.errors import InvalidName
 
 MAX_NAME_BYTES = 1024
@@ -40,6 +42,17 @@ STAT_KEYS = (
     "throttled",  # requests that waited for limit-ops-per-sec / limit-bytes-per-sec
     "throttled_ms",
 )
+
+
+async def nothing_to_read(offset: int, length: int) -> bool:
+    """A read's range checked alike by both implementations: ValueError when negative;
+    True (after a checkpoint, as any read is one) when it asks for no bytes."""
+    if offset < 0 or length < 0:
+        raise ValueError(f"negative offset or length: {offset}, {length}")
+    if length == 0:
+        await trio.lowlevel.checkpoint()
+        return True
+    return False
 
 
 def check_name(name: str) -> None:

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import requests
-import trio
 import urllib3
 from google.api_core import exceptions as api_exceptions
+
+from tierfs.storage import nothing_to_read
 
 if TYPE_CHECKING:  # a part of GcsBucket, sharing its state
     from typing import Any as _Base
@@ -30,10 +31,7 @@ else:
 
 class _Reads(_Base):
     async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0:
-            raise ValueError(f"negative offset or length: {offset}, {length}")
-        if length == 0:
-            await trio.lowlevel.checkpoint()
+        if await nothing_to_read(offset, length):
             return b""
         retry, timeout, stall = self._retry, self._timeout_s, self._stall
         counters = self._counters

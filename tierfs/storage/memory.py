@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover
     google_crc32c = None  # type: ignore[assignment]
 
 from tierfs.errors import NotFound, PreconditionFailed
-from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name
+from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name, nothing_to_read
 
 __all__ = ["OPERATIONS", "MemoryBucket"]
 
@@ -213,10 +213,7 @@ class MemoryBucket:
         )
 
     async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0:
-            raise ValueError(f"negative offset or length: {offset}, {length}")
-        if length == 0:
-            await trio.lowlevel.checkpoint()
+        if await nothing_to_read(offset, length):
             return b""
         await self._begin("read", media_reads=1)
         stored = self._counted(lambda: self._generation(name, generation))
