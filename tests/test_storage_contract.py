@@ -118,6 +118,9 @@ async def test_write_bytes_then_stat_and_read(bucket: Bucket) -> None:
     assert await bucket.read("dir/obj.bin", generation=gen, offset=len(data), length=10) == b""
     assert await bucket.read("dir/obj.bin", generation=gen, offset=len(data) + 5, length=1) == b""
     assert await bucket.read("dir/obj.bin", generation=gen, offset=0, length=0) == b""
+    for offset, length in ((-1, 10), (0, -1)):  # a caller's bug, told alike by both
+        with pytest.raises(ValueError, match="negative offset or length"):
+            await bucket.read("dir/obj.bin", generation=gen, offset=offset, length=length)
 
 
 async def test_write_file_round_trip(bucket: Bucket, tmp_path: Path) -> None:
