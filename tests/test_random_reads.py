@@ -20,6 +20,7 @@ from tests.test_options_forms import CHECKPOINT_LINE
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
+from tierfs.cache.ssd_parts import INLINE_BYTES
 from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import PIECE_BYTES, Blocks
 from tierfs.storage.memory import MemoryBucket
@@ -195,6 +196,9 @@ async def test_a_random_read_of_a_block_on_the_ssd_tier_reads_only_its_bytes(
         now = reader.read_now(offset, 4096)
         assert now is not None and bytes(now) == data[offset : offset + 4096]
     assert ssd.statistics()["bytes_read"] - before == 2 * 4096 * len(offsets)
+    reader._next = -1  # a part larger than INLINE_BYTES is left to `read` (a thread, maybe)
+    assert reader.read_now(MiB, INLINE_BYTES + 4096) is None
+    assert await read(reader, MiB, INLINE_BYTES + 4096) == data[MiB : MiB + INLINE_BYTES + 4096]
 
 
 async def test_a_block_from_an_earlier_mount_is_checked_whole_before_parts_of_it_are_read(

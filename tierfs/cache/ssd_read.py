@@ -24,6 +24,7 @@ from tierfs.cache.ssd_format import (
     _read_block,
     _read_part,
 )
+from tierfs.cache.ssd_parts import INLINE_BYTES
 
 if TYPE_CHECKING:  # a part of SsdTier, sharing its state
     from typing import Any as _Base
@@ -82,8 +83,12 @@ class _Reads(_Base):
     def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
         """`read_part`'s answer when it is read on the trio thread (`tierfs.cache.ssd_parts`:
         from the page cache, or one small pread): no wait for a worker thread. None on any
-        doubt, and `read_part` reads it again (and counts a failure once)."""
+        doubt, and `read_part` reads it again (and counts a failure once). A part larger
+        than `INLINE_BYTES` is left to `read_part` at once: it may need a worker thread, and
+        trying here first would allocate and try it twice."""
         self._check_open()
+        if length > INLINE_BYTES:
+            return None
         at = self._part_at(key, offset)
         if at is None:
             return None
