@@ -71,6 +71,29 @@ async def test_a_read_is_answered_at_once_only_from_what_memory_holds() -> None:
     assert (blocks.gcs_ranges, blocks.gcs_blocks) == (1, 0)
 
 
+class FailingNow(RamTier):
+    """A RAM tier whose answer at once fails (a defect, or a tier closed under us)."""
+
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+        raise RuntimeError("broken")
+
+
+async def test_a_tier_failing_to_answer_at_once_is_a_miss_not_an_error() -> None:
+    bucket = MemoryBucket("b")
+    data = random.Random(7).randbytes(SIZE)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [FailingNow(64 * MiB)], block_size=BLOCK, downloads=trio.CapacityLimiter(4)
+    )
+    reader = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
+    await read(reader, 6 * P, 4096)  # fetched, and its piece kept
+    reader._next = -1
+    errors = blocks.tier_errors
+    now = reader.read_now(6 * P + 100, 4096)  # the tier fails; the kept piece answers
+    assert now is not None and bytes(now) == data[6 * P + 100 :][:4096]
+    assert blocks.tier_errors == errors + 1
+
+
 async def test_a_read_across_pieces_fetches_them_in_one_request() -> None:
     blocks, reader, data = setup()
     offset = 3 * P - 100

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tierfs.cache import BlockKey, PieceKey
+from tierfs.cache import BlockKey, PieceKey, Tier
 
 if TYPE_CHECKING:  # a part of Blocks, sharing its state
     from typing import Any as _Base
@@ -51,8 +51,7 @@ class _RandomReads(_Base):
             try:
                 part = await tier.read_part(key, within, length)
             except Exception as err:  # a failing tier is a miss, never the user's error
-                self.tier_errors += 1
-                log.warning("%s tier failed to read %s: %s", tier.name, key, err)
+                self._tier_failed(tier, key, err)
                 continue
             if part is not None:
                 return part
@@ -73,7 +72,11 @@ class _RandomReads(_Base):
         (the RAM tier's block), else from kept pieces; None: await `read_random`."""
         within = offset - key.index * self.block_size
         for tier in self.tiers:
-            part = tier.read_part_now(key, within, length)
+            try:
+                part = tier.read_part_now(key, within, length)
+            except Exception as err:  # as in `read_random`: a miss, never the user's error
+                self._tier_failed(tier, key, err)
+                continue
             if part is not None:
                 self.random_reads += 1
                 return part
@@ -81,6 +84,10 @@ class _RandomReads(_Base):
         if kept is not None:
             self.random_reads += 1
         return kept
+
+    def _tier_failed(self, tier: Tier, key: BlockKey, err: Exception) -> None:
+        self.tier_errors += 1
+        log.warning("%s tier failed to read %s: %s", tier.name, key, err)
 
     def _kept(
         self, name: str, generation: int, offset: int, length: int, object_size: int
