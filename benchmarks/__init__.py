@@ -19,6 +19,7 @@ Layout (each module's docstring says why it is the way it is):
 - `shaping`   the GCS-shaped link (a TCP proxy);
 - `env`       the emulator, proxy, data sets and clean-up of one run;
 - `data`      the random bytes written, and how reads are verified;
+- `cpu`       CPU seconds per GiB of a cold read: reader, daemon, emulator;
 - `runner`    one cell per (profile, workload, system), never crashing the run;
 - `report`    terminal table, JSON, Markdown and PNG under ``results/``;
 - `profile`   ``python -m benchmarks.profile WORKLOAD SYSTEM``: py-spy on the daemon.

@@ -24,7 +24,10 @@ minutes) start the embedded emulator and run the same workloads on tierfs
 (default options, and the GKE checkpointing `-o` line with `--cache-dir`),
 `rclone mount --vfs-cache-mode full`, the GCS JSON API used directly with
 parallel ranged reads and uploads (the backend limit), a local-disk directory
-and tmpfs (the local limits). A/B variants of tierfs run in one workload each:
+and tmpfs (the local limits), and `pyfuse3-null` (`benchmarks/nullfs.py`: a
+pyfuse3 + trio file system answering from a dict, nothing behind it; in
+`create`, `meta`, `read`, `rand` and the saves, it is what any daemon on this
+stack can reach on the machine). A/B variants of tierfs run in one workload each:
 `tierfs-ckpt-serial` (parallel downloads off) in `read`, `tierfs-lists`
 (listings kept 5 minutes, as rclone keeps them) in `meta`, and `tierfs-staged`,
 `tierfs-stream64` (64 MiB chunks) and `tierfs-wb` (write-back) in `bigwrite`,
@@ -42,7 +45,10 @@ chunks: 28 MB/s for 512 MiB in 32 MiB chunks, 81 MB/s in 256 MiB chunks), so
 clients that upload in chunks (tierfs streaming: 32 MiB, staged: 64 MiB,
 rclone: 16 MiB) pay an emulator cost that real GCS does not charge, while the
 direct client uses single-request uploads. Compare systems within one run,
-never across runs.
+never across runs. The cold sequential read also reports the CPU seconds per GiB
+that the reader (or direct client), the daemon and the emulator spent on it
+(`benchmarks/cpu.py`): on two shared CPUs that cost bounds the rate, and it moves
+far less between runs than MB/s does.
 
 Latest full run:
 

@@ -6,8 +6,8 @@ the systems, then two ratio columns for tierfs (default / checkpoint line):
 - ``tierfs/limit``: tierfs's value over the limit named for that metric
   ("gcs": the direct client; "local": the local disk), so 1.00 means tierfs
   reaches the limit and 0.25 means it gets a quarter of it;
-- ``tierfs/rclone``: over rclone's value (for RSS, lower is better, so 2.0
-  means twice rclone's memory).
+- ``tierfs/rclone``: over rclone's value (for RSS and CPU, lower is better, so 2.0
+  means twice rclone's memory or CPU).
 
 Cells that did not produce a number show their status (n/a, error, FAIL,
 hang) and a footnote with the reason. The JSON holds every record with its
@@ -271,7 +271,8 @@ def terminal(tables: Sequence[Table], meta: dict[str, Any]) -> str:
         out.append(
             "ratios: "
             + " / ".join(tables[0].variants)
-            + "; limit = gcs-direct (gcs) or local disk (local); RSS ratio: lower is better"
+            + "; limit = gcs-direct (gcs) or local disk (local);"
+            + " RSS and CPU ratios: lower is better"
         )
     for line in comparisons(tables):
         out.append("  " + line)
@@ -303,7 +304,7 @@ def markdown(tables: Sequence[Table], meta: dict[str, Any]) -> str:
     if tables and tables[0].variants:
         out.append(
             "Ratios are " + " / ".join(tables[0].variants) + " over the limit (gcs = gcs-direct,"
-            " local = local disk) and over rclone; for RSS lower is better."
+            " local = local disk) and over rclone; for RSS and CPU lower is better."
         )
     lines = comparisons(tables)
     if lines:

@@ -27,6 +27,7 @@ cache or local-first write could serve it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import random
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from benchmarks.cpu import CpuMeter
 from benchmarks.data import WrongBytes, check, check_small, crc32c_b64
 from benchmarks.env import DATA_BUCKET, META_BUCKET, Env, Sizes, touch_memory
 from benchmarks.systems import System
@@ -275,6 +277,20 @@ class SeqRead(Workload):
             "MB/s",
             limit="local",
         ),
+        Metric(
+            "read.cold.cpu",
+            "seq read, cold: CPU-s per GiB, reader + daemon + emulator",
+            "CPU-s/GiB",
+            higher_is_better=False,
+        ),
+        Metric(
+            "read.cold.daemon_cpu",
+            "seq read, cold: CPU-s per GiB, daemon",
+            "CPU-s/GiB",
+            higher_is_better=False,
+            limit=None,
+            optional=True,
+        ),
     )
     passes = ("read.cold", *("read.warm",) * 3, *("read.remount",) * 3)
 
@@ -289,7 +305,13 @@ class SeqRead(Workload):
         touch_memory(3 * total)  # the page cache, the daemon's blocks, the buffers (below)
         times: dict[str, list[float]] = {}
         for key in self.passes:
-            elapsed = self._pass(cell, key, buffers)
+            meter = None
+            if key == "read.cold":  # what the cold pass costs (`benchmarks.cpu`)
+                emulator = env.emulator.pid if system.network and env.emulator else None
+                meter = CpuMeter(system.daemon_pids(), emulator)
+            elapsed = self._pass(cell, key, buffers, meter)
+            if meter is not None:
+                self._record_cpu(cell, meter, total)
             times.setdefault(key, []).append(elapsed)
             if len(times[key]) > 1:
                 continue  # only the first is "warm" / "read after remount"
@@ -301,16 +323,35 @@ class SeqRead(Workload):
             cell.record(f"{key}_best", rate(total, best), seconds=best)
 
     @staticmethod
-    def _pass(cell: Cell, key: str, buffers: dict[str, bytearray]) -> float:
-        """One pass over every file, each checked; the seconds spent reading."""
+    def _record_cpu(cell: Cell, meter: CpuMeter, total: int) -> None:
+        gib = total / (1 << 30)
+        spent = meter.total_s()
+        if spent is not None:
+            parts = [f"reader {meter.reader_s / gib:.2f}"]
+            if meter.daemon_s is not None:
+                parts.append(f"daemon {meter.daemon_s / gib:.2f}")
+            if meter.emulator_s is not None:
+                parts.append(f"emulator {meter.emulator_s / gib:.2f}")
+            cell.record("read.cold.cpu", spent / gib, ", ".join(parts), seconds=spent)
+        if meter.daemon_s is not None:
+            cell.record("read.cold.daemon_cpu", meter.daemon_s / gib, seconds=meter.daemon_s)
+
+    @staticmethod
+    def _pass(
+        cell: Cell, key: str, buffers: dict[str, bytearray], meter: CpuMeter | None = None
+    ) -> float:
+        """One pass over every file, each checked; the seconds spent reading (and, with a
+        ``meter``, the CPU spent on them; the checks are outside both)."""
         env, system = cell.env, cell.system
+        counting = meter.counting if meter is not None else contextlib.nullcontext
         for buffer in buffers.values():
             buffer[:16] = b"\0" * 16  # a stale buffer must not pass the next check
         if system.kind == "direct":
             targets = [(name, memoryview(buffer)) for name, buffer in buffers.items()]
-            start = time.monotonic()
-            cell.direct.download_many(DATA_BUCKET, targets)
-            elapsed = time.monotonic() - start
+            with counting():
+                start = time.monotonic()
+                cell.direct.download_many(DATA_BUCKET, targets)
+                elapsed = time.monotonic() - start
             for name, buffer in buffers.items():
                 check(f"gs://{DATA_BUCKET}/{name}", buffer, env.data_objects[name])
             return elapsed
@@ -319,9 +360,12 @@ class SeqRead(Workload):
         assert system.root is not None
         elapsed = 0.0
         for name, buffer in buffers.items():
-            start = time.monotonic()
-            n = read_file_into(system.root / name, memoryview(buffer), cell.sizes.io_block_bytes)
-            elapsed += time.monotonic() - start
+            with counting():
+                start = time.monotonic()
+                n = read_file_into(
+                    system.root / name, memoryview(buffer), cell.sizes.io_block_bytes
+                )
+                elapsed += time.monotonic() - start
             got = buffer if n == len(buffer) else buffer[:n]
             check(f"{system.name}:{name}", got, env.data_objects[name])
         return elapsed

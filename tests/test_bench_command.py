@@ -1,7 +1,8 @@
 """A benchmark report names the command that reproduces it: a run with workloads or
 systems of its own is not `make bench` (one report said so of a targeted run); the order
 cells run in; a save whose directory rename the options refuse is n/a, not an error; and
-the shared-tier benchmark runs."""
+the shared-tier benchmark runs; the README's section intro is the one the readme command
+writes."""
 
 from __future__ import annotations
 
@@ -67,3 +68,13 @@ def test_the_shared_restore_benchmark_runs_and_reports_every_phase(
     ratio = float(shared_line.split("GCS read ")[1].split("x")[0])
     assert ratio <= 1.1, shared_line
     assert "no shared tier (apart)" in out and "s/GiB a mount" in out, out
+
+
+def test_the_readme_benchmarks_intro_is_the_one_the_readme_command_writes() -> None:
+    """`python -m benchmarks.readme` rewrites the section from its own INTRO: an intro
+    edited in README.md only would be lost at the next full run."""
+    from benchmarks import readme
+
+    text = readme.README.read_text(encoding="utf-8")
+    section = text.split(readme.BEGIN, 1)[1].split(readme.END, 1)[0]
+    assert section.startswith("\n" + readme.INTRO), "README.md and benchmarks/readme.py differ"
