@@ -19,10 +19,13 @@ def _spin_here(seconds: float) -> None:
 
 
 def test_the_meter_adds_the_cpu_of_a_daemon_and_of_the_reader_over_each_block() -> None:
-    daemon = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                              stdin=subprocess.PIPE)  # fmt: skip
+    idle = "import sys; print('ready', flush=True); sys.stdin.read()"
+    daemon = subprocess.Popen([sys.executable, "-c", idle],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
     busy = subprocess.Popen([sys.executable, "-c", _SPIN.format(s=0.3)])
     try:
+        assert daemon.stdout is not None and daemon.stdout.readline() == b"ready\n"
+        # (its start-up is over: from here on it spends nothing)
         meter = CpuMeter([busy.pid, daemon.pid], emulator=daemon.pid)
         with meter.counting():
             _spin_here(0.2)
@@ -40,7 +43,7 @@ def test_the_meter_adds_the_cpu_of_a_daemon_and_of_the_reader_over_each_block() 
     finally:
         for process in (busy, daemon):
             process.kill()
-            process.wait()
+            process.communicate()  # reaps it and closes its pipes
 
 
 def test_a_daemon_gone_while_counting_makes_the_cpu_unknown_not_smaller() -> None:
