@@ -167,8 +167,11 @@ def test_fills_keep_eight_slow_readers_pace_at_the_defaults(
     """The same at the defaults a user gets (256 MiB RAM tier, 8 MiB blocks): eight shards
     restored at once by slow readers, 384 MiB in all, more than the RAM tier holds. Each
     fill keeps its lead small enough that all eight fit (`Paces`), so the readers find
-    their blocks in RAM; unpaced, the fills would finish first and 128 MiB or more would
-    be evicted unread and read back from the SSD tier."""
+    most of their blocks in RAM. Eight leads of one block fill the RAM tier exactly, so a
+    reader that falls behind the others still loses a block or a few: paced, 0-56 MiB
+    were read back from the SSD tier over 12 runs (CI once 56, idle or with both CPUs
+    busy alike). Unpaced (`Paces.keep` returning at once) the fills finish first and
+    256-336 MiB are read back (4 runs): the bound, a quarter of the data, tells them apart."""
     shards = {f"ckpt/shard-{i}": os.urandom(48 * MiB) for i in range(8)}
     for name, data in shards.items():
         upload(gcs_client, bucket_name, name, data)
@@ -186,5 +189,5 @@ def test_fills_keep_eight_slow_readers_pace_at_the_defaults(
         got = dict(zip(shards, pool.map(restore, shards), strict=True))
     assert got == shards
     numbers = stats(mount)["data"]
-    assert numbers["tiers"]["ssd"]["bytes_read"] <= 48 * MiB, numbers["tiers"]
+    assert numbers["tiers"]["ssd"]["bytes_read"] <= 96 * MiB, numbers["tiers"]
     assert numbers["fill_paced"] > 0
