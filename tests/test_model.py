@@ -86,9 +86,12 @@ class Driver:
         self.fs = fs
 
     async def walk(self, path: str) -> int:
+        """As the kernel's LOOKUPs are answered (`tierfs.fuse.operations._AT_ONCE`): at
+        once when the core can, else by awaiting `lookup`."""
         ino = ROOT_INO
         for part in [p for p in path.split("/") if p]:
-            ino = (await self.fs.lookup(ino, part)).ino
+            inode = self.fs.lookup_now(ino, part) or await self.fs.lookup(ino, part)
+            ino = inode.ino
         return ino
 
     async def parent_and_name(self, path: str) -> tuple[int, str]:

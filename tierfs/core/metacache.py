@@ -84,15 +84,18 @@ class MetadataCache:
     def _expires(self, _path: str, entry: tuple[Found | None, int], now: float) -> float:
         return now + (self.ttl_s if entry[0] is not None else self.negative_ttl_s)
 
-    def get(self, path: str) -> Found | None:
-        """The cached result, None for a cached "nothing there", or `MISSING`."""
+    def get(self, path: str, *, found_only: bool = False) -> Found | None:
+        """The cached result, None for a cached "nothing there", or `MISSING`. With
+        ``found_only``, `MISSING` for all but something found, and only that counted (an
+        answer at once, `Lookups.lookup_now`: what it cannot use, `get` counts next)."""
         entry = MISSING
         if self.enabled:
             entry = self._entries.get(path, MISSING)
             if entry is MISSING:
                 entry = self._types.get(path, MISSING)
-        if entry is MISSING:
-            self.misses += 1
+        if entry is MISSING or (found_only and entry[0] is None):
+            if not found_only:
+                self.misses += 1
             return MISSING
         if entry[0] is None:
             self.negative_hits += 1

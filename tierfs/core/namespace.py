@@ -203,6 +203,12 @@ class Namespace:
     def child_path(self, parent: str, name: str) -> str:
         return f"{parent}/{name}" if parent else name
 
+    def cached(self, path: str) -> Found:
+        """What the metadata cache found at ``path``, or `MISSING` (not cached, or cached
+        as nothing there: `lookup` answers that)."""
+        found = MISSING if self.cache is None else self.cache.get(path, found_only=True)
+        return MISSING if found is None else found
+
     async def lookup(self, path: str) -> Found | None:
         """Resolve one path: from the metadata cache, else by asking GCS."""
         if self.cache is not None:

@@ -1,0 +1,106 @@
+"""A lookup the metadata cache answers is answered at once (`Lookups.lookup_now`), the
+same as `lookup` would answer it; everything else is left to `lookup`. (The model tests
+walk paths the same way: tests/test_model.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.test_metadata import make, requests
+from tierfs.core.background import Background
+from tierfs.core.inodes import ROOT_INO, Inode
+from tierfs.core.namespace import SYMLINK_TARGET_KEY, Found
+from tierfs.errors import NotADirectory, NotFound
+from tierfs.fuse.operations import Operations
+
+
+async def test_a_name_the_metadata_cache_holds_is_answered_at_once(tmp_path: Path) -> None:
+    fs, bucket, clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("d/", b"")
+    bucket.put("d/f", b"data")
+    assert fs.lookup_now(ROOT_INO, "d") is None  # never asked: `lookup` asks GCS
+    d = await fs.lookup(ROOT_INO, "d")
+    f = await fs.lookup(d.ino, "f")
+    sent, held = requests(bucket), f.lookups
+    assert fs.lookup_now(ROOT_INO, "d") is d
+    assert fs.lookup_now(d.ino, "f") is f
+    assert f.lookups == held + 1  # the kernel holds one more reference, as after `lookup`
+    assert requests(bucket) == sent
+    clock.now += 61  # past the metadata TTL: `lookup` asks GCS again
+    assert fs.lookup_now(d.ino, "f") is None
+    assert await fs.lookup(d.ino, "f") is f and requests(bucket) > sent
+
+
+async def test_a_new_generation_the_cache_holds_makes_the_inode_lookup_would(
+    tmp_path: Path,
+) -> None:
+    """Another client replaced the file and the metadata cache learnt of it (as from a
+    listing): at once, the file's inode is replaced, as `lookup` replaces it."""
+    fs, bucket, _clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("f", b"one")
+    before = await fs.lookup(ROOT_INO, "f")
+    new = bucket.put("f", b"two, longer")
+    cache = fs.names.cache
+    asked = cache.asking()
+    cache.put_answer("f", Found(False, new), asked)
+    cache.answered(asked)
+    now = fs.lookup_now(ROOT_INO, "f")
+    assert now is not None and now is not before and fs.inodes.current("f") is now
+    assert (now.generation, now.size, now.lookups) == (new.generation, len(b"two, longer"), 1)
+    assert now.generation > before.generation
+
+
+async def test_what_is_left_to_lookup(tmp_path: Path) -> None:
+    fs, bucket, _clock = make(tmp_path, metadata_ttl_s=60.0, negative_ttl_s=60.0)
+    bucket.put("f", b"data")
+    bucket.put("link", b"", metadata={SYMLINK_TARGET_KEY: "f"})
+    f = await fs.lookup(ROOT_INO, "f")
+    link = await fs.lookup(ROOT_INO, "link")
+    with pytest.raises(NotFound):
+        await fs.lookup(ROOT_INO, "nothing")
+    cache = fs.names.cache
+    counted = (cache.hits, cache.negative_hits, cache.misses)
+    assert fs.lookup_now(ROOT_INO, "nothing") is None  # cached as absent: ENOENT is lookup's
+    assert fs.lookup_now(ROOT_INO, "unknown") is None  # not cached
+    assert fs.lookup_now(f.ino, "x") is None  # not a directory: lookup says so
+    assert fs.lookup_now(12345, "x") is None  # no such inode
+    assert (cache.hits, cache.negative_hits, cache.misses) == counted  # counted once, by lookup
+    with pytest.raises(NotADirectory):
+        await fs.lookup(f.ino, "x")
+    fs.inodes.detach(link)  # a new symlink: its target is read first, by lookup
+    assert fs.lookup_now(ROOT_INO, "link") is None
+    again = await fs.lookup(ROOT_INO, "link")
+    assert again.target == "f"
+    assert fs.lookup_now(ROOT_INO, "link") is again  # known now: at once
+
+
+async def test_the_kernels_lookup_is_answered_at_once_once_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the pyfuse3 handler: the second LOOKUP of a name never reaches the
+    awaited path (no cancel scope, no wait), and answers the same entry."""
+    async with trio.open_nursery() as nursery:
+        fs, bucket, _clock = make(tmp_path, metadata_ttl_s=60.0)
+        fs.background = Background(nursery)
+        bucket.put("f", b"data")
+        ops = Operations(fs)
+        awaited: list[str] = []
+        lookup = fs.lookup
+
+        async def counted(parent: int, name: str) -> Inode:
+            awaited.append(name)
+            return await lookup(parent, name)
+
+        monkeypatch.setattr(fs, "lookup", counted)
+        first = await ops.lookup(ROOT_INO, b"f")
+        second = await ops.lookup(ROOT_INO, b"f")
+        assert awaited == ["f"]
+        assert (second.st_ino, second.st_size, second.st_mtime_ns) == (
+            first.st_ino,
+            4,
+            first.st_mtime_ns,
+        )
+        nursery.cancel_scope.cancel()
