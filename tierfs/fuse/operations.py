@@ -81,6 +81,9 @@ def _lookup_now(
     return None if inode is None else entry(ops.fs.attr(inode))
 
 
+# Requests the core always answers without a wait: nothing to interrupt, so no cancel scope.
+_NEVER_WAIT = frozenset({"getattr", "opendir", "readlink", "statfs", "listxattr"})
+
 _AT_ONCE: dict[str, Callable[..., Any]] = {
     "read": lambda ops, fh, off, size: ops.fs.read_now(fh, off, size),
     "lookup": _lookup_now,
@@ -101,7 +104,7 @@ def _handler(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[A
             answer = at_once(*args) if at_once is not None else None
             if answer is not None:
                 result = answer
-            elif op in ABANDONABLE and INTERRUPTS:
+            elif op in ABANDONABLE and INTERRUPTS and op not in _NEVER_WAIT:
                 result = await self.interrupts.run(op, fn, args, kwargs)
             else:
                 result = await fn(*args, **kwargs)

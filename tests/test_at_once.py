@@ -1,10 +1,12 @@
-"""A lookup the metadata cache answers is answered at once (`Lookups.lookup_now`), the
-same as `lookup` would answer it; everything else is left to `lookup`. (The model tests
-walk paths the same way: tests/test_model.py.)"""
+"""Requests answered at once, without a wait (`tierfs.fuse.operations._AT_ONCE` and
+`_NEVER_WAIT`). A lookup the metadata cache answers (`Lookups.lookup_now`) gives what
+`lookup` would; everything else is left to `lookup`. (The model tests walk paths the
+same way: tests/test_model.py.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,7 +16,7 @@ from tierfs.core.background import Background
 from tierfs.core.inodes import ROOT_INO, Inode
 from tierfs.core.namespace import SYMLINK_TARGET_KEY, Found
 from tierfs.errors import NotADirectory, NotFound
-from tierfs.fuse.operations import Operations
+from tierfs.fuse.operations import INTERRUPTS, Operations
 
 
 async def test_a_name_the_metadata_cache_holds_is_answered_at_once(tmp_path: Path) -> None:
@@ -104,3 +106,39 @@ async def test_the_kernels_lookup_is_answered_at_once_once_cached(
             first.st_mtime_ns,
         )
         nursery.cancel_scope.cancel()
+
+
+def _answered_without_a_wait(coro: Any) -> Any:
+    """Run a handler's coroutine outside any event loop: it must finish on its first step
+    (an await that suspends would yield here instead)."""
+    with pytest.raises(StopIteration) as done:
+        coro.send(None)
+    return done.value.value
+
+
+async def test_requests_that_never_wait_finish_in_one_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """... and skip the machinery that lets a waiting request be interrupted."""
+    fs, bucket, _clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("f", b"data")
+    bucket.put("link", b"", metadata={SYMLINK_TARGET_KEY: "f"})
+    ops = Operations(fs)
+    interruptible: list[str] = []
+    run = ops.interrupts.run
+
+    async def spied(op: str, *args: Any) -> Any:
+        interruptible.append(op)
+        return await run(op, *args)
+
+    monkeypatch.setattr(ops.interrupts, "run", spied)
+    f = await ops.lookup(ROOT_INO, b"f")
+    link = await ops.lookup(ROOT_INO, b"link")
+    assert interruptible == (["lookup", "lookup"] if INTERRUPTS else [])  # GCS was asked
+    assert _answered_without_a_wait(ops.lookup(ROOT_INO, b"f")).st_ino == f.st_ino
+    assert _answered_without_a_wait(ops.getattr(f.st_ino, None)).st_size == 4
+    assert _answered_without_a_wait(ops.readlink(link.st_ino, None)) == b"f"
+    assert _answered_without_a_wait(ops.statfs(None)).f_bsize > 0
+    fh = _answered_without_a_wait(ops.opendir(ROOT_INO, None))
+    await ops.releasedir(fh if isinstance(fh, int) else fh.fh)
+    assert interruptible == (["lookup", "lookup"] if INTERRUPTS else [])
