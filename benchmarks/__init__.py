@@ -14,7 +14,9 @@ Layout (each module's docstring says why it is the way it is):
               the GKE checkpointing option line, rclone mount, the GCS client
               used directly (the backend limit), local disk and tmpfs (the
               local limits);
-- `workloads` the registry of workloads and their metrics;
+- `workloads` what a workload is made of: `Workload`, `Metric`, `Cell`;
+- `writes`, `reads`, `metadata`, `saves`  the workloads, one small class each;
+- `catalog`   the registry of workloads, in the order ``make bench`` runs them;
 - `direct`    the fastest direct GCS client this harness knows;
 - `shaping`   the GCS-shaped link (a TCP proxy);
 - `env`       the emulator, proxy, data sets and clean-up of one run;

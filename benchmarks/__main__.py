@@ -13,6 +13,7 @@ import dataclasses
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from benchmarks import report
@@ -24,7 +25,7 @@ from benchmarks.systems import DEFAULT_SYSTEMS, SYSTEMS
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _names(text: str, known: dict[str, object] | tuple[str, ...], what: str) -> list[str]:
+def _names(text: str, known: Mapping[str, object] | tuple[str, ...], what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:

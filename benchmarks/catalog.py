@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
+from benchmarks.metadata import Metadata
+from benchmarks.reads import RandRead, SeqRead
 from benchmarks.saves import Create, DcpSave, OrbaxSave, Remove
-from benchmarks.workloads import (
-    BigWrite,
-    Checkpoint,
-    Metadata,
-    RandRead,
-    SeqRead,
-    SeqWrite,
-    Workload,
-)
+from benchmarks.workloads import Workload
+from benchmarks.writes import BigWrite, Checkpoint, SeqWrite
 
 WORKLOADS: dict[str, type[Workload]] = {
     cls.name: cls

@@ -23,6 +23,7 @@ parallelism for every operation.
 
 from __future__ import annotations
 
+import builtins  # (`Direct.list` hides the type inside the class)
 import concurrent.futures
 import threading
 import time
@@ -102,7 +103,7 @@ class Direct:
         response = self._session().post(
             f"{self.endpoint}/upload/storage/v1/b/{bucket}/o",
             params={"uploadType": "media", "name": name},
-            data=data,
+            data=data,  # type: ignore[arg-type]  # (requests sends any buffer)
             headers={"Content-Type": "application/octet-stream"},
             timeout=TIMEOUT_S,
         )
@@ -184,9 +185,9 @@ class Direct:
                 return items, prefixes
             params["pageToken"] = token
 
-    def walk(self, bucket: str) -> list[dict[str, Any]]:
+    def walk(self, bucket: str) -> builtins.list[dict[str, Any]]:
         """Every object, as ``ls -lR`` would find it: one listing per directory, in parallel."""
-        found: list[dict[str, Any]] = []
+        found: builtins.list[dict[str, Any]] = []
         level = [""]
         while level:
             pages = self.map(lambda prefix: self.list(bucket, prefix, "/"), level)

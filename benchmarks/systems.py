@@ -295,7 +295,7 @@ class TierfsStream64(Tierfs):
         return ["--write-block-size-mb=64"]
 
 
-SAVES = ("bigwrite", "ckpt", "create", "orbax", "dcp", "remove")
+SAVES: tuple[str, ...] = ("bigwrite", "ckpt", "create", "orbax", "dcp", "remove")
 
 
 class TierfsWriteBack(Tierfs):
