@@ -10,13 +10,15 @@ parallelism only show their worth on the second.
 
 Layout (each module's docstring says why it is the way it is):
 
-- `systems`   the registry of systems: tierfs (default options), tierfs with
-              the GKE checkpointing option line, rclone mount, the GCS client
-              used directly (the backend limit), local disk and tmpfs (the
-              local limits);
+- `systems`   the systems: rclone mount, a null pyfuse3 file system, the GCS
+              client used directly (the backend limit), local disk and tmpfs
+              (the local limits);
+- `tierfs_systems` tierfs (default options) and its variants: the GKE
+              checkpointing option line, the write modes, kept listings;
 - `workloads` what a workload is made of: `Workload`, `Metric`, `Cell`;
 - `writes`, `reads`, `metadata`, `saves`  the workloads, one small class each;
-- `catalog`   the registry of workloads, in the order ``make bench`` runs them;
+- `catalog`   the registry of systems and workloads, in the order ``make bench``
+              runs them;
 - `direct`    the fastest direct GCS client this harness knows;
 - `shaping`   the GCS-shaped link (a TCP proxy);
 - `env`       the emulator, proxy, data sets and clean-up of one run;
@@ -27,7 +29,7 @@ Layout (each module's docstring says why it is the way it is):
 - `profile`   ``python -m benchmarks.profile WORKLOAD SYSTEM``: py-spy on the daemon.
 
 To grow it: a new system is one `systems.System` subclass added to
-``SYSTEMS``; a new workload is one `workloads.Workload` subclass (its metrics,
+``catalog.SYSTEMS``; a new workload is one `workloads.Workload` subclass (its metrics,
 a ``run(cell)``) added to ``catalog.WORKLOADS``; sizes for both modes are fields of
 `env.Sizes`. The report picks them up by themselves.
 """

@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from benchmarks import report
-from benchmarks.catalog import WORKLOADS
+from benchmarks.catalog import DEFAULT_SYSTEMS, SYSTEMS, WORKLOADS
 from benchmarks.env import FULL, PROFILES, QUICK, Env, Sizes
 from benchmarks.runner import Runner
-from benchmarks.systems import DEFAULT_SYSTEMS, SYSTEMS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

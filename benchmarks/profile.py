@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 
 from benchmarks import report
-from benchmarks.catalog import WORKLOADS
+from benchmarks.catalog import SYSTEMS, WORKLOADS
 from benchmarks.env import FULL, PROFILES, QUICK, Env
 from benchmarks.runner import Runner
-from benchmarks.systems import SYSTEMS
 
 OUT = Path(__file__).resolve().parent / "results" / "profiles"
 _LINE = re.compile(r":\d+\)$")  # "f (file.py:12)" -> "f (file.py)": one entry per function

@@ -25,7 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.systems import CHECKPOINT_OPTIONS, TIERFS, vm_hwm_kib
+from benchmarks.systems import vm_hwm_kib
+from benchmarks.tierfs_systems import CHECKPOINT_OPTIONS, TIERFS
 from mount_options import load, parse_flags
 from tierfs.cli.daemon import daemon_pids
 from tierfs.cli.emulator import Emulator

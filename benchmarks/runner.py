@@ -24,10 +24,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from benchmarks.catalog import WORKLOADS
+from benchmarks.catalog import SYSTEMS, WORKLOADS
 from benchmarks.data import NotApplicable, WrongBytes
 from benchmarks.env import Env
-from benchmarks.systems import SYSTEMS, FuseSystem, System
+from benchmarks.systems import FuseSystem, System
 from benchmarks.workloads import RSS, Cell, Metric, Workload
 
 

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.read_rss import mounted
-from benchmarks.systems import TIERFS
+from benchmarks.tierfs_systems import TIERFS
 from tierfs.cli.emulator import Emulator
 
 MiB = 1 << 20

@@ -1,6 +1,7 @@
-"""The systems under comparison: a registry of small classes, one per system.
+"""The systems under comparison: small classes, one per system.
 
-A new system is one class here and one line in `SYSTEMS`. Every system
+A new system is one class here (a tierfs variant: in `benchmarks.tierfs_systems`) and
+one line in `benchmarks.catalog.SYSTEMS`. Every system
 answers the same life cycle, driven by a workload:
 
 - ``mount(bucket, fresh=True)`` -> the directory holding that bucket's
@@ -34,16 +35,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from benchmarks.env import DATA_BUCKET, META_BUCKET, Env
-from tierfs.cli.daemon import daemon_pids
-
-TIERFS = str(Path(sys.executable).parent / "tierfs")
-CHECKPOINT_OPTIONS = (
-    "implicit-dirs,metadata-cache:negative-ttl-secs:0,metadata-cache:ttl-secs:-1,"
-    "metadata-cache:stat-cache-max-size-mb:-1,metadata-cache:type-cache-max-size-mb:-1,"
-    "file-cache:max-size-mb:-1,file-cache:cache-file-for-range-read:true,"
-    "file-system:kernel-list-cache-ttl-secs:0,file-cache:enable-parallel-downloads:true,"
-    "read_ahead_kb=1024,write:enable-streaming-writes:true"
-)
 
 
 def vm_hwm_kib(pid: int) -> int | None:
@@ -207,162 +198,6 @@ class FuseSystem(System):
         finally:
             if self.cache_dir is not None:
                 shutil.rmtree(self.cache_dir, ignore_errors=True)
-
-
-class Tierfs(FuseSystem):
-    """tierfs with default options, as ``tierfs mount`` runs it."""
-
-    name = "tierfs"
-    description = "tierfs, default options"
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return []
-
-    def _mount(self, bucket: str, mountpoint: Path, cache_dir: Path, log: Path) -> None:
-        command = [
-            TIERFS,
-            "mount",
-            f"--custom-endpoint={self.env.endpoint(self.profile)}",
-            "--anonymous-access",
-            "--log-severity=warning",
-            "--log-format=text",
-            f"--log-file={log}",
-            *self.options(cache_dir),
-            bucket,
-            str(mountpoint),
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"tierfs mount failed ({result.returncode}): {result.stderr.strip()}"
-            )
-        self.env.pids.update(self.daemon_pids())
-
-    def _stop(self, mountpoint: Path) -> None:
-        result = subprocess.run(
-            [TIERFS, "unmount", str(mountpoint)], capture_output=True, text=True, timeout=900
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"tierfs unmount failed: {result.stderr.strip()}")
-
-    def daemon_pids(self) -> list[int]:
-        return daemon_pids(str(self.mountpoint)) if self.mountpoint is not None else []
-
-
-class TierfsCheckpoint(Tierfs):
-    """tierfs with the GKE multi-tier-checkpointing option line and a cache dir."""
-
-    name = "tierfs-ckpt"
-    description = "tierfs, checkpointing -o line + --cache-dir"
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return ["-o", CHECKPOINT_OPTIONS, f"--cache-dir={cache_dir}"]
-
-
-class TierfsCheckpointSerial(TierfsCheckpoint):
-    """The checkpointing line with parallel downloads off: the A/B for parallel downloads
-    (cold reads, with and without, on the same link)."""
-
-    name = "tierfs-ckpt-serial"
-    description = "tierfs-ckpt, --file-cache-enable-parallel-downloads=false"
-    only = ("read",)
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return [*super().options(cache_dir), "--file-cache-enable-parallel-downloads=false"]
-
-
-class TierfsStaged(Tierfs):
-    """Streaming writes off: the file is staged locally and uploaded whole at close."""
-
-    name = "tierfs-staged"
-    description = "tierfs, --enable-streaming-writes=false (staged writes)"
-    only = ("bigwrite",)
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return ["--enable-streaming-writes=false"]
-
-
-class TierfsStream64(Tierfs):
-    """Streaming with 64 MiB chunks, the size of the staged path's upload chunks: the
-    emulator copies the whole object at every chunk it receives (O(n^2) in chunks), so
-    this is the like-for-like streaming vs staged comparison on it."""
-
-    name = "tierfs-stream64"
-    description = "tierfs, --write-block-size-mb=64 (streaming)"
-    only = ("bigwrite",)
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return ["--write-block-size-mb=64"]
-
-
-SAVES: tuple[str, ...] = ("bigwrite", "ckpt", "create", "orbax", "dcp", "remove")
-
-
-class TierfsWriteBack(Tierfs):
-    """Write-back: close() once the file is durable in the local journal (the cache dir);
-    the kernel writes new files straight into it (FUSE passthrough)."""
-
-    name = "tierfs-wb"
-    description = "tierfs, --write-back --cache-dir"
-    only = SAVES
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return ["--write-back", f"--cache-dir={cache_dir}"]
-
-
-class TierfsWriteBackDaemon(TierfsWriteBack):
-    """Write-back with every write through the daemon: where passthrough is missing."""
-
-    name = "tierfs-wb-daemon"
-    description = "tierfs, --write-back --cache-dir --write-passthrough=false"
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return [*super().options(cache_dir), "--write-passthrough=false"]
-
-
-class TierfsWriteBackTmpfs(TierfsWriteBack):
-    """Write-back into a journal on tmpfs (the RAM tier of multi-tier checkpointing): it
-    survives a daemon crash, not a reboot. No SSD tier."""
-
-    name = "tierfs-wb-tmpfs"
-    description = "tierfs, --write-back --write-back-dir on tmpfs"
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        return None if Path("/dev/shm").is_dir() else "no /dev/shm"
-
-    def options(self, cache_dir: Path) -> list[str]:
-        assert self.env.shm_root is not None
-        return ["--write-back", f"--write-back-dir={self.env.shm_root / ('wb-' + cache_dir.name)}"]
-
-
-class TierfsWriteBackHeld(TierfsWriteBack):
-    """Write-back with the uploads held until the save is over (a long write-back delay,
-    then `tierfs sync`): the save without uploads beside it, which the goal "uploads do not
-    slow the writer" compares tierfs-wb with."""
-
-    name = "tierfs-wb-held"
-    description = "tierfs, --write-back --cache-dir --write-back-delay-secs=3600, then tierfs sync"
-    only = ("ckpt",)
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return [*super().options(cache_dir), "--write-back-delay-secs=3600"]
-
-    def before_durable(self, root: Path) -> None:
-        subprocess.run([TIERFS, "sync", str(root)], check=True, capture_output=True, timeout=900)
-
-
-class TierfsListCache(Tierfs):
-    """Listings kept as rclone keeps them (its --dir-cache-time is 5 minutes): the kernel
-    list cache and the stat cache on. With tierfs's defaults (gcsfuse's), every readdir
-    lists GCS again, so a "warm" ``ls -lR`` is a cold one."""
-
-    name = "tierfs-lists"
-    description = "tierfs, --kernel-list-cache-ttl-secs=300 --metadata-cache-ttl-secs=-1"
-    only = ("meta",)
-
-    def options(self, cache_dir: Path) -> list[str]:
-        return ["--kernel-list-cache-ttl-secs=300", "--metadata-cache-ttl-secs=-1"]
 
 
 class SpawnedFuse(FuseSystem):
@@ -537,43 +372,3 @@ class GcsDirect(System):
 
     def remount(self) -> None:
         return None
-
-
-SYSTEMS: dict[str, type[System]] = {
-    cls.name: cls
-    for cls in (
-        Tierfs,
-        TierfsCheckpoint,
-        TierfsCheckpointSerial,
-        TierfsListCache,
-        TierfsStaged,
-        TierfsStream64,
-        TierfsWriteBack,
-        TierfsWriteBackDaemon,
-        TierfsWriteBackTmpfs,
-        TierfsWriteBackHeld,
-        Rclone,
-        NullFuse,
-        GcsDirect,
-        LocalDir,
-        Tmpfs,
-    )
-}
-# Run by `make bench` (and --quick); any other on request (--systems).
-DEFAULT_SYSTEMS = (
-    "tierfs",
-    "tierfs-ckpt",
-    "tierfs-ckpt-serial",
-    "tierfs-lists",
-    "tierfs-staged",
-    "tierfs-stream64",
-    "tierfs-wb",
-    "tierfs-wb-daemon",
-    "tierfs-wb-tmpfs",
-    "tierfs-wb-held",
-    "rclone",
-    "pyfuse3-null",
-    "gcs-direct",
-    "local",
-    "tmpfs",
-)
