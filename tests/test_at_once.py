@@ -5,9 +5,11 @@ same way: tests/test_model.py.)"""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
+import pyfuse3
 import pytest
 import trio
 
@@ -142,3 +144,21 @@ async def test_requests_that_never_wait_finish_in_one_step(
     fh = _answered_without_a_wait(ops.opendir(ROOT_INO, None))
     await ops.releasedir(fh if isinstance(fh, int) else fh.fh)
     assert interruptible == (["lookup", "lookup"] if INTERRUPTS else [])
+
+
+async def test_answers_at_once_are_counted_never_in_flight(tmp_path: Path) -> None:
+    """Per-operation counts (`tierfs stats`, the metrics) include requests answered at once,
+    and their errors; the watchdog never sees them (they cannot wait)."""
+    fs, bucket, _clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("f", b"data")
+    ops = Operations(fs)
+    await ops.lookup(ROOT_INO, b"f")  # asks GCS: counted by the awaited path
+    _answered_without_a_wait(ops.lookup(ROOT_INO, b"f"))
+    _answered_without_a_wait(ops.getattr(ROOT_INO, None))
+    with pytest.raises(pyfuse3.FUSEError) as bad:  # not UTF-8: refused at once, counted
+        _answered_without_a_wait(ops.lookup(ROOT_INO, b"\xff"))
+    assert bad.value.errno == errno.EINVAL
+    seen = ops.inflight.latencies()
+    assert (seen["lookup"].count, seen["lookup"].errors) == (3, 1)
+    assert seen["getattr"].count == 1 and len(ops.inflight) == 0
+    assert seen["lookup"].total_s < 1.0  # seconds, not a clock's absolute reading

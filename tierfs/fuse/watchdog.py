@@ -92,10 +92,15 @@ class InFlight:
 
     def end(self, number: int, failed: bool = False) -> None:
         request = self._requests.pop(number)
-        latency = self.ops.get(request.op)
+        self.answered(request.op, trio.current_time() - request.started, failed)
+
+    def answered(self, op: str, seconds: float, failed: bool = False) -> None:
+        """Count a request of ``op`` answered in ``seconds`` (`end`, or a request answered
+        at once, which is never in flight)."""
+        latency = self.ops.get(op)
         if latency is None:
-            latency = self.ops[request.op] = OpLatency()
-        latency.add(trio.current_time() - request.started, failed)
+            latency = self.ops[op] = OpLatency()
+        latency.add(seconds, failed)
 
     def __len__(self) -> int:
         return len(self._requests)
