@@ -68,14 +68,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-# Requests the core may answer at once, without a wait: then the handler needs no cancel
-# scope for interrupts (`Interrupts.run`: 6 of 15 us in-process for a second touch of a
-# random 4 KiB region, the daemon spending 59 us of CPU per such read against null
-# pyfuse3's 38; 6 of 16 us for a lookup the metadata cache answers). Each returns the
-# answer, or None: run the handler.
 def _lookup_now(
     ops: Operations, parent_inode: int, name: bytes, ctx: object = None
 ) -> pyfuse3.EntryAttributes | None:
+    """LOOKUP from the metadata cache (`Lookups.lookup_now`); "." and ".." are the handler's."""
     if name in (b".", b".."):
         return None
     inode = ops.fs.lookup_now(parent_inode, decode_name(name))
@@ -85,6 +81,11 @@ def _lookup_now(
 # Requests the core always answers without a wait: nothing to interrupt, so no cancel scope.
 _NEVER_WAIT = frozenset({"getattr", "opendir", "readlink", "statfs", "listxattr"})
 
+# Requests the core may answer at once, without a wait: then the handler needs no cancel
+# scope for interrupts (`Interrupts.run`: 6 of 15 us in-process for a second touch of a
+# random 4 KiB region, the daemon spending 59 us of CPU per such read against null
+# pyfuse3's 38; 6 of 16 us for a lookup the metadata cache answers). Each returns the
+# answer, or None: run the handler.
 _AT_ONCE: dict[str, Callable[..., Any]] = {
     "read": lambda ops, fh, off, size: ops.fs.read_now(fh, off, size),
     "lookup": _lookup_now,
@@ -127,7 +128,7 @@ def _answer_at_once(
 ) -> Any:
     """The answer of `_AT_ONCE`, or None. Never in flight (it cannot wait, so the watchdog
     could never see it), only counted with its latency: a request's entry and two reads
-    of trio's clock were 2 of the 9 us a second touch of a random 4 KiB region cost."""
+    of trio's clock were 1 of the 9 us a second touch of a random 4 KiB region cost."""
     started = time.perf_counter()
     try:
         answer = at_once(*args)
