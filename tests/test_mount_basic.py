@@ -7,7 +7,7 @@ import subprocess
 
 from google.cloud import storage
 
-from tests.mounting import Mount
+from tests.mounting import TIERFS, Mount, stats
 
 
 def blob_bytes(client: storage.Client, bucket: str, name: str) -> bytes:
@@ -56,3 +56,29 @@ def test_shell_tools(mount: Mount, gcs_client: storage.Client) -> None:
     assert names == ["d/", "d/s2"]
     with open("/etc/services", "rb") as f:
         assert blob_bytes(gcs_client, mount.bucket, "d/s2") == f.read(10)
+
+
+def test_stats_count_the_requests_served_by_operation(
+    mount: Mount, gcs_client: storage.Client
+) -> None:
+    """`tierfs stats` counts what the mount served, by operation, as the Prometheus
+    metrics do, requests answered at once (a stat the metadata cache knows) included."""
+    bucket = gcs_client.bucket(mount.bucket)
+    for name in ("f", "g0", "g1", "g2"):
+        bucket.blob(name).upload_from_string(b"0123456789")
+    assert (mount.path / "f").read_bytes() == b"0123456789"
+    before = stats(mount)["requests"]["operations"]
+    for name in ("g0", "g1", "g2"):  # new names to the kernel: one LOOKUP each
+        assert os.stat(mount.path / name).st_size == 10
+    served = stats(mount)["requests"]["operations"]
+    assert served["lookup"]["count"] == before["lookup"]["count"] + 3
+    assert served["read"]["count"] >= 1 and served["open"]["count"] >= 1
+    assert all(op["seconds"] >= 0 for op in served.values())
+    text = subprocess.run(
+        [TIERFS, "stats", str(mount.path)], capture_output=True, text=True, timeout=60
+    )
+    assert text.returncode == 0, text.stderr
+    line = next(row for row in text.stdout.splitlines() if row.startswith("requests"))
+    assert "in flight 0" in line, line
+    served_now = int(line.split("served ")[1].split()[0])
+    assert served_now >= sum(op["count"] for op in served.values()), line

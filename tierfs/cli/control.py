@@ -162,6 +162,15 @@ def render_statistics(data: dict[str, Any]) -> str:
         f"inodes {data['inodes']}   open files {data['open_files']}   "
         f"local files that could not be made {data.get('staging_errors', 0)}",
     ]
+    requests = data.get("requests")
+    if requests is not None:
+        served = requests.get("operations", {}).values()
+        lines.append(
+            f"requests    served {sum(op['count'] for op in served)}   "
+            f"errors {sum(op['errors'] for op in served)}   in flight {requests['in_flight']}   "
+            f"longest wait {requests['longest_wait_s']:.3f} s   "
+            f"interrupted {requests['interrupted']}   slow warnings {requests['slow_warnings']}"
+        )
     dirs = data.get("directories")
     if dirs is not None:
         lines.append(

@@ -261,8 +261,10 @@ class Operations(pyfuse3.Operations):
         self.interrupts.interrupted(unique)
 
     def statistics(self) -> dict[str, object]:
-        """What `tierfs stats` shows: the core's counters and the requests in flight."""
+        """What `tierfs stats` shows: the core's counters, the requests in flight, and the
+        requests served by operation (as the Prometheus metrics count them)."""
         inflight = self.inflight
+        served = inflight.latencies()
         return {
             **self.fs.statistics(),
             "requests": {
@@ -270,6 +272,10 @@ class Operations(pyfuse3.Operations):
                 "interrupted": self.interrupts.cancelled,
                 "longest_wait_s": round(inflight.longest_wait_s(), 3),
                 "slow_warnings": inflight.warnings,
+                "operations": {
+                    op: {"count": n.count, "errors": n.errors, "seconds": round(n.total_s, 6)}
+                    for op, n in sorted(served.items())
+                },
             },
         }
 
