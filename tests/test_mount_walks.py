@@ -85,3 +85,29 @@ def test_a_cold_walk_with_the_checkpoint_line_lists_each_directory_once(
     gcs = stats(mount)["gcs"]
     assert gcs["stats"] == before["stats"] == 0
     assert gcs["lists"] - before["lists"] == dirs + 2  # and the two implied directories
+
+
+def test_a_warm_walk_at_the_defaults_finds_its_listings_made_ahead(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """The same tree walked again within the metadata TTL: its stats come from the
+    metadata cache, so nothing is listed ahead for them, but each readdir must list GCS
+    again. The walker is seen at its second subdirectory (`Walks`), and the rest are
+    listed ahead of it: each directory is still listed once, and another client's new
+    object shows."""
+    blobs = gcs_client.bucket(bucket_name)
+    names = [f"d{i}" for i in range(8)]
+    for d in names:
+        blobs.blob(f"{d}/").upload_from_string(b"")
+        blobs.blob(f"{d}/f").upload_from_string(b"x")
+    files = {f"{d}/f": 1 for d in names}
+    mount = mount_factory()  # the defaults: metadata TTL 60 s, no list cache
+    assert walk(mount.path) == files  # cold: its own listings ahead, taken
+    before = stats(mount)
+    blobs.blob("d0/late").upload_from_string(b"late")
+    assert walk(mount.path) == {**files, "d0/late": 4}
+    after = stats(mount)
+    assert after["gcs"]["lists"] - before["gcs"]["lists"] == 1 + len(names)  # each once
+    assert after["gcs"]["stats"] == before["gcs"]["stats"]
+    taken = after["directories"]["listed_ahead"] - before["directories"]["listed_ahead"]
+    assert taken == len(names) - 2  # all but the first two the walker went into

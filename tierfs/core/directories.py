@@ -115,13 +115,17 @@ class Directories(_Base):
             old = await self.names.list_dir(source, fresh=True)
         listing = None
         if old is None and not self.names.kept(directory.path):
+            if not self.pending_moves:
+                self._list_ahead_of_walker(directory)
             listing = await self._listed_ahead(directory.path)
             if listing is not None:
                 self.names.keep(directory.path, listing)
         if listing is None:
             listing = await self.names.list_dir(directory.path, fresh=old is not None)
-        if listing.dirs and not self.pending_moves:  # (a walker's next readdirs)
-            self._list_ahead(directory.path, listing.dirs)
+        if not self.pending_moves:  # (a walker's next readdirs)
+            self._walks.listed(directory.path, listing.dirs)
+            if listing.dirs:
+                self._list_ahead(directory.path, listing.dirs)
         entries = self._reuse_listed(directory.path, listing)
         if entries is None:
             entries, skipped = [], False

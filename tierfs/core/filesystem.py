@@ -47,7 +47,7 @@ from tierfs.core.handles import DirHandle, FileHandle, HandleTable
 from tierfs.core.inodes import ROOT_INO, Inode, InodeTable, Kind
 from tierfs.core.kernel import Kernel, NoKernel
 from tierfs.core.lifecycle import Lifecycle
-from tierfs.core.listahead import ListedAhead
+from tierfs.core.listahead import ListedAhead, Walks
 from tierfs.core.lookups import Lookups
 from tierfs.core.metacache import MetadataCache
 from tierfs.core.namespace import (
@@ -226,6 +226,7 @@ class Filesystem(
         self._prefetched_dirs: dict[str, float] = {}
         self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
         self._ahead = ListedAhead(settings.metadata_ttl_s)  # answers for a walker's readdirs
+        self._walks = Walks()  # which to list ahead of a warm walker
         self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,

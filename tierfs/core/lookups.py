@@ -55,7 +55,9 @@ class Lookups(_Base):
         self.inodes.remember(inode)
         return inode
 
-    def _prefetch_listing(self, dir_path: str, *, children: bool = True) -> None:
+    def _prefetch_listing(
+        self, dir_path: str, *, children: bool = True, again: bool = False
+    ) -> None:
         """gcsfuse's metadata prefetch: the first lookup in a directory lists it in the
         background, so the stats of its siblings (``ls -l``, a data loader opening every
         file) come from the metadata cache instead of one or two requests each.
@@ -64,7 +66,11 @@ class Lookups(_Base):
         `PREFETCH_CHILDREN`, one level: theirs are listed when a lookup reaches them), so a
         walk or a stat storm over an unknown tree finds each directory's listing under way
         or done, instead of waiting for one listing after another: a cold stat of 10,000
-        files in 100 directories went from one listing wait per directory to a few."""
+        files in 100 directories went from one listing wait per directory to a few.
+
+        With ``again``, even a directory prefetched within the metadata TTL is listed, as
+        far as a prefetch lists: a warm walker's readdir will take it
+        (`_list_ahead_of_walker`)."""
         s = self.settings
         if not self.background.running or not s.metadata_prefetch or s.metadata_ttl_s <= 0:
             return
@@ -72,20 +78,20 @@ class Lookups(_Base):
             return
         now = self._monotonic_s()
         last = self._prefetched_dirs.get(dir_path)
-        if last is not None and now - last < s.metadata_ttl_s:
+        if last is not None and now - last < s.metadata_ttl_s and not again:
             return
         if len(self._prefetched_dirs) > 100_000:
             self._prefetched_dirs.clear()
         self._prefetched_dirs[dir_path] = now
         self._listing_in_flight[dir_path] = trio.Event()
-        self.background.spawn(self._list_in_background, dir_path, children)
+        self.background.spawn(self._list_in_background, dir_path, children, again)
 
-    async def _list_in_background(self, dir_path: str, children: bool) -> None:
+    async def _list_in_background(self, dir_path: str, children: bool, walked: bool) -> None:
         subdirs: tuple[str, ...] = ()
         try:
             async with self._prefetch_limiter:
                 entries = self.settings.metadata_prefetch_entries
-                if not children:  # listed ahead, maybe never walked: one page at most
+                if not children and not walked:  # maybe never walked: one page at most
                     entries = min(entries, CHILD_ENTRIES) if entries >= 0 else CHILD_ENTRIES
                 changes = self.names.changes  # (before it is sent: see `ListedAhead`)
                 listing = await self.names.prefetch(dir_path, entries)
@@ -106,6 +112,21 @@ class Lookups(_Base):
             child = self.names.child_path(dir_path, part)
             if not self.owned.owns(child):
                 self._prefetch_listing(child, children=False)
+
+    def _list_ahead_of_walker(self, directory: Inode) -> None:
+        """A readdir of ``directory`` begins: if it is a walker's, going through its
+        parent's subdirectories (`tierfs.core.listahead.Walks`), list the next siblings
+        ahead, those not listed or on their way already."""
+        if directory.path == "":
+            return
+        now = self._monotonic_s()
+        parent = directory.parent_path
+        for part in self._walks.entering(parent, directory.name, now):
+            child = self.names.child_path(parent, part)
+            if child in self._listing_in_flight or self.owned.owns(child):
+                continue
+            if not self._ahead.holds(child, now, self.names.changes):
+                self._prefetch_listing(child, children=False, again=True)
 
     async def _listed_ahead(self, dir_path: str) -> DirListing | None:
         """A listing of ``dir_path`` made in the background that may answer a readdir now
