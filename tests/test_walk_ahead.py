@@ -154,3 +154,27 @@ def test_walks_stay_within_their_bounds() -> None:
     assert len(walks) < 10  # the oldest dropped to make room for its names
     walks.listed("huge", tuple(f"n{i}" for i in range(MAX_WALK_NAMES + 1)))
     assert walks.entering("huge", "n0", 0.0) == () and walks.entering("huge", "n1", 0.0) == ()
+
+
+async def test_without_the_metadata_prefetch_nothing_is_listed_ahead(tmp_path: Path) -> None:
+    """``metadata-cache:enable-metadata-prefetch=false`` turns listing ahead off, a
+    walker's too: each readdir lists GCS itself."""
+    bucket = MemoryBucket("walk")
+    for d in DIRS:
+        bucket.put(f"{d}/f", b"x")
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0, metadata_prefetch=False),
+            monotonic_s=Clock(),
+            background=Background(nursery),
+        )
+        for _walk in range(2):
+            before = lists(bucket)
+            root = await listdir(fs, ROOT_INO)
+            for d in DIRS:
+                assert sorted(await listdir(fs, root[d].ino)) == ["f"]
+            await trio.testing.wait_all_tasks_blocked()
+            assert lists(bucket) - before == 1 + len(DIRS)
+        assert ahead(fs) == 0
+        nursery.cancel_scope.cancel()
