@@ -12,30 +12,15 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.test_metadata import Clock, listdir
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
-from tierfs.core.inodes import ROOT_INO, Inode
+from tierfs.core.inodes import ROOT_INO
 from tierfs.core.listahead import FRESH_S, MAX_WALK_NAMES, MAX_WALKS, WALK_GAP_S, Walks
 from tierfs.core.lookups import CHILD_ENTRIES
 from tierfs.storage.memory import MemoryBucket
 
 DIRS = tuple(f"d{i:02}" for i in range(20))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def listdir(fs: Filesystem, ino: int) -> dict[str, Inode]:
-    fh = fs.opendir(ino)
-    try:
-        return {name: inode for name, inode, _ in await fs.readdir(fh, 0)}
-    finally:
-        fs.releasedir(fh)
 
 
 def lists(bucket: MemoryBucket) -> int:
