@@ -16,6 +16,7 @@ from tierfs.cli.memory import (
     MMAP_THRESHOLD_MAX,
     TRIM_MAX_BYTES,
     TRIM_MIN_BYTES,
+    daemon_environment,
     mmap_threshold,
     trim_threshold,
     tune_allocator,
@@ -75,3 +76,41 @@ def test_the_mount_daemon_does_not_load_grpc(mount: Mount, gcs_client: storage.C
     with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
         loaded = [line.split()[-1] for line in maps if "grpc" in line]
     assert loaded == [], f"the daemon mapped {sorted(set(loaded))}"
+
+
+def test_a_daemon_starts_with_its_heap_on_huge_pages_unless_told_otherwise() -> None:
+    assert daemon_environment({"HOME": "/root"}) == {
+        "HOME": "/root",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+    }
+    other = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    assert daemon_environment(other)["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    )
+    for mine in ("glibc.malloc.hugetlb=0", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2"):
+        assert daemon_environment({"GLIBC_TUNABLES": mine})["GLIBC_TUNABLES"] == mine
+
+
+def _huge_pages_offered() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as setting:
+            return "[never]" not in setting.read()
+    except OSError:
+        return False
+
+
+def test_the_mount_daemons_heap_is_on_huge_pages(mount: Mount, gcs_client: storage.Client) -> None:
+    """`daemon_environment`, through ``tierfs mount``: the daemon runs with the tunable,
+    and where the kernel offers huge pages, a read of 64 MiB puts its heap on them."""
+    gcs_client.bucket(mount.bucket).blob("big").upload_from_string(b"h" * (64 << 20))
+    assert (mount.path / "big").read_bytes() == b"h" * (64 << 20)
+    (pid,) = mount.pids()
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        variables = environ.read().split(b"\0")
+    tunables = [v.split(b"=", 1)[1] for v in variables if v.startswith(b"GLIBC_TUNABLES=")]
+    assert tunables and b"glibc.malloc.hugetlb=1" in tunables[0].split(b":"), tunables
+    if not _huge_pages_offered():
+        return  # (the kernel has them off: the tunable does nothing, and harms nothing)
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+        huge = [int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:")]
+    assert huge and huge[0] >= 2048, f"no huge pages in the daemon's memory: {huge}"

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierfs.cli.fdmount import fuse_fd
+from tierfs.cli.memory import daemon_environment
 from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
 
 START_TIMEOUT_S = 120.0
@@ -49,6 +50,7 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
                 stderr=errors,
                 pass_fds=(write_fd, *(() if served is None else (served,))),
                 start_new_session=True,
+                env=daemon_environment(),
             )
         finally:
             os.close(write_fd)

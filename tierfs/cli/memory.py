@@ -24,12 +24,28 @@ dir took 230,000-250,000 page faults (every byte read); with a threshold above t
 tier's size, 65,000-69,000 (the tier filling once) and 0.1-0.3 s less system time
 (/tmp probe, paired). Memory kept at the top of the heap is what the tier held a
 moment before, so the peak resident size does not change.
+
+The daemon's heap is also backed by transparent huge pages where the kernel offers them
+on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, the usual
+default): glibc's ``glibc.malloc.hugetlb=1`` tunable, which must be in the environment
+when the process starts, so the commands that start a daemon put it there
+(`daemon_environment`). A cold read copies each byte twice in the daemon's memory (from
+the socket, then into the kernel's page cache), and with 4 KiB pages each block was
+2,048 page faults and as many TLB entries. Measured, cold read of 4 x 256 MiB, default
+options, 6 pairs: page faults 1,370 against 65,000 per GiB, daemon 0.64-0.83 against
+0.69-1.08 CPU-s/GiB (medians 0.685 and 0.805), 1,039-1,415 against 867-1,225 MB/s;
+peak RSS 302-311 against 299-307 MiB. With the page cache filling memory (1.7-3 GiB
+free) the kernel compacted memory for some faults (58 and 147 stalls in a 1 GiB read)
+and the reads ran as fast as without (1,205-1,428 against 1,174-1,320 MB/s, 3 pairs).
+A user's own ``glibc.malloc.hugetlb`` setting is kept (``=0`` turns this off).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+from collections.abc import Mapping
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -37,6 +53,7 @@ M_ARENA_MAX = -8
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more
 TRIM_MIN_BYTES = 64 << 20
 TRIM_MAX_BYTES = 1 << 30  # mallopt takes an int
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
 
 
 def mmap_threshold(block_bytes: int) -> int:
@@ -72,3 +89,14 @@ def tune_allocator(block_bytes: int, ram_bytes: int = 0) -> bool:
             (M_ARENA_MAX, 1),
         )
     )
+
+
+def daemon_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a mount daemon with: ``base`` (this process's) with
+    glibc's heap on transparent huge pages (see the module doc), unless it says
+    otherwise already."""
+    env = dict(os.environ if base is None else base)
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if not any(t.split("=", 1)[0] == HUGE_PAGES_TUNABLE for t in tunables.split(":")):
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, f"{HUGE_PAGES_TUNABLE}=1")))
+    return env

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from tierfs.cli.memory import daemon_environment
 from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
 
 log = logging.getLogger("tierfs.csi.daemons")
@@ -52,6 +53,7 @@ def spawn(args: Sequence[str], timeout_s: float) -> subprocess.Popen[bytes]:
             stdout=subprocess.DEVNULL,
             pass_fds=(write_fd,),
             start_new_session=True,
+            env=daemon_environment(),
         )
     finally:
         os.close(write_fd)
