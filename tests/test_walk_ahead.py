@@ -163,3 +163,34 @@ async def test_without_the_metadata_prefetch_nothing_is_listed_ahead(tmp_path: P
             assert lists(bucket) - before == 1 + len(DIRS)
         assert ahead(fs) == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_walker_lists_nothing_ahead_that_the_list_cache_keeps(tmp_path: Path) -> None:
+    """With ``kernel-list-cache-ttl-secs``, a sibling whose listing is kept answers its
+    readdir without GCS: a walker's window skips it instead of listing it again."""
+    bucket = MemoryBucket("walk")
+    for d in DIRS:
+        bucket.put(f"{d}/f", b"x")
+    clock = Clock()
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0, list_ttl_s=30.0),
+            monotonic_s=clock,
+            background=Background(nursery),
+        )
+        root = await listdir(fs, ROOT_INO)
+        await listdir(fs, root["d00"].ino)
+        await listdir(fs, root["d01"].ino)
+        clock.now += 20
+        for d in DIRS[2:]:  # kept from now on, for 30 s
+            await listdir(fs, root[d].ino)
+        await trio.testing.wait_all_tasks_blocked()
+        clock.now += 15  # the root's, d00's and d01's kept listings are too old now
+        before = lists(bucket)
+        root = await listdir(fs, ROOT_INO)
+        await listdir(fs, root["d00"].ino)
+        await listdir(fs, root["d01"].ino)  # a walk: its window is d02-d17, all kept
+        await trio.testing.wait_all_tasks_blocked()
+        assert lists(bucket) - before == 3
+        nursery.cancel_scope.cancel()

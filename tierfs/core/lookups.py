@@ -116,15 +116,15 @@ class Lookups(_Base):
     def _list_ahead_of_walker(self, directory: Inode) -> None:
         """A readdir of ``directory`` begins: if it is a walker's, going through its
         parent's subdirectories (`tierfs.core.listahead.Walks`), list the next siblings
-        ahead, those not listed or on their way already."""
+        ahead, those with no listing here or on its way already."""
         if directory.path == "":
             return
         now = self._monotonic_s()
         parent = directory.parent_path
         for part in self._walks.entering(parent, directory.name, now):
             child = self.names.child_path(parent, part)
-            if child in self._listing_in_flight or self.owned.owns(child):
-                continue
+            if child in self._listing_in_flight or self.owned.owns(child) or self.names.kept(child):
+                continue  # (on its way, made here, or kept for the list cache's TTL)
             if not self._ahead.holds(child, now, self.names.changes):
                 self._prefetch_listing(child, children=False, again=True)
 
