@@ -6,6 +6,7 @@ sake, yet each readdir must list GCS again. Counted in GCS requests, with inject
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -21,6 +22,18 @@ from tierfs.core.lookups import CHILD_ENTRIES
 from tierfs.storage.memory import MemoryBucket
 
 DIRS = tuple(f"d{i:02}" for i in range(20))
+
+
+def core_with_walks(
+    bucket: MemoryBucket, tmp_path: Path, clock: Clock, nursery: trio.Nursery, **settings: Any
+) -> Filesystem:
+    """A core with a metadata TTL of 60 s (the default), background work in ``nursery``."""
+    return Filesystem(
+        bucket,
+        Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0, **settings),
+        monotonic_s=clock,
+        background=Background(nursery),
+    )
 
 
 def lists(bucket: MemoryBucket) -> int:
@@ -47,12 +60,7 @@ async def test_a_warm_walk_finds_its_listings_made_ahead(tmp_path: Path) -> None
         bucket.put(f"d10/{name}", b"z")
     clock = Clock()
     async with trio.open_nursery() as nursery:
-        fs = Filesystem(
-            bucket,
-            Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0),
-            monotonic_s=clock,
-            background=Background(nursery),
-        )
+        fs = core_with_walks(bucket, tmp_path, clock, nursery)
         root = await listdir(fs, ROOT_INO)  # the cold walk: its subdirectories ahead
         for d in DIRS:
             assert "f" in await listdir(fs, root[d].ino)
@@ -148,12 +156,7 @@ async def test_without_the_metadata_prefetch_nothing_is_listed_ahead(tmp_path: P
     for d in DIRS:
         bucket.put(f"{d}/f", b"x")
     async with trio.open_nursery() as nursery:
-        fs = Filesystem(
-            bucket,
-            Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0, metadata_prefetch=False),
-            monotonic_s=Clock(),
-            background=Background(nursery),
-        )
+        fs = core_with_walks(bucket, tmp_path, Clock(), nursery, metadata_prefetch=False)
         for _walk in range(2):
             before = lists(bucket)
             root = await listdir(fs, ROOT_INO)
@@ -173,12 +176,7 @@ async def test_a_walker_lists_nothing_ahead_that_the_list_cache_keeps(tmp_path: 
         bucket.put(f"{d}/f", b"x")
     clock = Clock()
     async with trio.open_nursery() as nursery:
-        fs = Filesystem(
-            bucket,
-            Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0, list_ttl_s=30.0),
-            monotonic_s=clock,
-            background=Background(nursery),
-        )
+        fs = core_with_walks(bucket, tmp_path, clock, nursery, list_ttl_s=30.0)
         root = await listdir(fs, ROOT_INO)
         await listdir(fs, root["d00"].ino)
         await listdir(fs, root["d01"].ino)
