@@ -26,12 +26,13 @@ tier's size, 65,000-69,000 (the tier filling once) and 0.1-0.3 s less system tim
 moment before, so the peak resident size does not change.
 
 The daemon's heap is also backed by transparent huge pages where the kernel offers them
-on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, the usual
-default): glibc's ``glibc.malloc.hugetlb=1`` tunable, which must be in the environment
-when the process starts, so the commands that start a daemon put it there
-(`daemon_environment`). A cold read copies each byte twice in the daemon's memory (from
-the socket, then into the kernel's page cache), and with 4 KiB pages each block was
-2,048 page faults and as many TLB entries. Measured, cold read of 4 x 256 MiB, default
+on request (``/sys/kernel/mm/transparent_hugepage/enabled``: ``madvise``, as on the
+bench machine; ``always`` gives them anyway, ``never`` not at all): glibc's
+``glibc.malloc.hugetlb=1`` tunable, which must be in the environment when the process
+starts, so the commands that start a daemon put it there (`daemon_environment`). A cold
+read copies each byte twice in the daemon's memory (from the socket, then into the
+kernel's page cache), and with 4 KiB pages each block was 2,048 page faults and as many
+TLB entries. Measured, cold read of 4 x 256 MiB, default
 options, 6 pairs: page faults 1,370 against 65,000 per GiB, daemon 0.64-0.83 against
 0.69-1.08 CPU-s/GiB (medians 0.685 and 0.805), 1,039-1,415 against 867-1,225 MB/s;
 peak RSS 302-311 against 299-307 MiB. With the page cache filling memory (1.7-3 GiB
