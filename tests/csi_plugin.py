@@ -177,12 +177,3 @@ def running_plugin(emulator: Emulator, base: Path, *extra_args: str) -> Iterator
     errors = plugin.errors()
     if errors and not plugin.expect_errors:
         pytest.fail(f"unexpected errors in the plugin's log: {errors[:3]}")
-
-
-def wait_until(check: object, what: str, timeout_s: float = 60.0) -> None:
-    """Poll ``check()`` until true (the plugin works in the background: a restart, a mount)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)

@@ -17,6 +17,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,13 @@ def stats(mount: Mount) -> dict:
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def wait_until(check: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``check()`` until true: for work a daemon or plugin does in the background (a
+    restart, a mount, a prefetch), which has no event a test can wait on."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)

@@ -203,7 +203,7 @@ def test_daemon_restarted_when_killed(
     plugin: Plugin, bucket_name: str, gcs_client: storage.Client
 ) -> None:
     """A volume's daemon that dies is restarted on the same target, with an ERROR in the log."""
-    from tests.csi_plugin import wait_until
+    from tests.mounting import wait_until
 
     plugin.expect_errors = True
     target = plugin.target()

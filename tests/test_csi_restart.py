@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from google.cloud import storage
 
-from tests.csi_plugin import Plugin, running_plugin, wait_until
+from tests.csi_plugin import Plugin, running_plugin
+from tests.mounting import wait_until
 from tierfs.cli.daemon import daemon_pids
 from tierfs.cli.emulator import Emulator
 from tierfs.cli.mountpoint import is_stale

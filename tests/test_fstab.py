@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from google.cloud import storage
 
-from tests.mounting import BIN, require_fuse
+from tests.mounting import BIN, require_fuse, wait_until
 from tests.test_mount_lifecycle import (
     RUN_TIMEOUT_S,
     force_cleanup,
@@ -26,7 +26,6 @@ from tests.test_mount_lifecycle import (
     mount_table,
     one_line_error,
     tierfs,
-    wait_until,
 )
 from tierfs.cli import install
 from tierfs.cli.daemon import daemon_pids
@@ -239,7 +238,7 @@ def test_fstab_line_mounts_with_its_options_and_umount_ends_it(
         )
         assert (result.returncode, result.stderr) == (0, "")
         assert mount_table(mountpoint) == []
-        wait_until(lambda: gone(pid), 30, f"the daemon (pid {pid}) to exit after umount")
+        wait_until(lambda: gone(pid), f"the daemon (pid {pid}) to exit after umount", 30)
         assert os.listdir(mountpoint) == []
         errors = [line for line in log.read_text().splitlines() if " ERROR " in line]
         assert errors == []

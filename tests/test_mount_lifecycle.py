@@ -26,7 +26,7 @@ import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import TIERFS, Mount, require_fuse
+from tests.mounting import TIERFS, Mount, require_fuse, wait_until
 from tierfs.cli import mountpoint
 from tierfs.cli.daemon import daemon_pids
 from tierfs.cli.emulator import Emulator
@@ -56,14 +56,6 @@ def gone(pid: int) -> bool:
             return stat.read().rsplit(") ", 1)[-1][:1] in ("Z", "X")
     except FileNotFoundError:
         return True
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def answers(path: Path) -> bool:
@@ -333,8 +325,8 @@ def test_foreground_stays_attached_until_signalled(
     try:
         wait_until(
             lambda: answers(mountpoint_dir) or proc.poll() is not None,
-            READY_TIMEOUT_S,
             "the foreground mount",
+            READY_TIMEOUT_S,
         )
         assert proc.poll() is None, proc.communicate(timeout=10)
         data = os.urandom(1 << 20)
@@ -382,8 +374,8 @@ def test_unmount_waits_for_a_foreground_mount(
     try:
         wait_until(
             lambda: answers(mountpoint_dir) or proc.poll() is not None,
-            READY_TIMEOUT_S,
             "the foreground mount",
+            READY_TIMEOUT_S,
         )
         (mountpoint_dir / "f.txt").write_text("f")
         os.stat(mountpoint_dir)  # cached: unmounting needs nothing from the stopped process
@@ -427,10 +419,10 @@ def kill_daemon(mount: Mount) -> None:
     (pid,) = mount.pids()
     os.stat(mount.path)  # as `tierfs mount` does; the kernel now caches the root's attributes
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: gone(pid), 10, f"daemon {pid} to die")
+    wait_until(lambda: gone(pid), f"daemon {pid} to die", 10)
     # Requests caught by the abort while the daemon's threads exit get ECONNABORTED;
     # once it is gone, every call answers ENOTCONN.
-    wait_until(lambda: listdir_errno(mount.path) != errno.ECONNABORTED, 10, "the abort")
+    wait_until(lambda: listdir_errno(mount.path) != errno.ECONNABORTED, "the abort", 10)
     assert listdir_errno(mount.path) == errno.ENOTCONN  # "Transport endpoint is not connected"
     assert [fstype for _, fstype, _ in mount_table(mount.path)] == ["fuse.tierfs"]
 

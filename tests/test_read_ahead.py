@@ -1,0 +1,107 @@
+"""Sequential read-ahead (`tierfs.core.blockreader`): a first read at offset 0 starts it at
+once, other first reads do not; and the same through a mount at the defaults."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import trio
+import trio.testing
+from google.cloud import storage
+
+from tests.mounting import Mount, stats, wait_until
+from tierfs.cache.ram import RamTier
+from tierfs.core.background import Background
+from tierfs.core.blockreader import FIRST_AHEAD, BlockReader
+from tierfs.core.blocks import Blocks
+from tierfs.storage.memory import MemoryBucket
+
+BLOCK = 4096
+MiB = 1 << 20
+
+
+class TimedReads:
+    """A bucket whose media reads take 10 ms (a link's latency) and are logged with the
+    (virtual) time each started: (time, block index)."""
+
+    def __init__(self, bucket: MemoryBucket) -> None:
+        self.bucket = bucket
+        self.started: list[tuple[float, int]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.bucket, name)
+
+    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+        self.started.append((trio.current_time(), offset // BLOCK))
+        await trio.sleep(0.01)
+        return await self.bucket.read(name, generation=generation, offset=offset, length=length)
+
+
+async def first_read(offset: int) -> tuple[TimedReads, float]:
+    """One 1,000-byte read at ``offset`` of a 40-block object, then every background
+    download done: the bucket's log and when the read began."""
+    memory = MemoryBucket()
+    data = os.urandom(40 * BLOCK)
+    info = memory.put("obj", data)
+    bucket = TimedReads(memory)
+    blocks = Blocks(
+        bucket,  # type: ignore[arg-type]
+        [RamTier(MiB)],
+        block_size=BLOCK,
+        downloads=trio.CapacityLimiter(16),
+    )
+    async with trio.open_nursery() as nursery:
+        reader = BlockReader(
+            blocks,
+            "obj",
+            info.generation,
+            len(data),
+            spawn=Background(nursery).spawn,
+            max_ahead_bytes=16 * BLOCK,
+        )
+        began = trio.current_time()
+        assert await reader.read(offset, 1000) == data[offset : offset + 1000]
+    return bucket, began
+
+
+async def test_a_first_read_at_offset_0_reads_ahead_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The read of block 0 and of the next `FIRST_AHEAD` blocks start together: the read-ahead
+    does not wait for a second read, which a reader sends only once block 0 has come."""
+    bucket, began = await first_read(0)
+    assert sorted(index for _, index in bucket.started) == list(range(FIRST_AHEAD + 1))
+    assert {at for at, _ in bucket.started} == {began}
+
+
+async def test_a_first_read_elsewhere_reads_nothing_ahead(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A first read past offset 0 (a footer, an index, a random reader) fetches its block
+    only: no reader has shown it reads on."""
+    bucket, _ = await first_read(20 * BLOCK + 5)
+    assert [index for _, index in bucket.started] == [20]
+
+
+def test_reading_a_files_head_fetches_the_blocks_ahead_through_a_mount(
+    mount: Mount, gcs_client: storage.Client
+) -> None:
+    """At the defaults (8 MiB blocks), one 4 KiB read at the start of a 64 MiB file makes
+    the daemon fetch block 0 and the `FIRST_AHEAD` blocks after it, and no more. (The read
+    is ``O_DIRECT``, so that the kernel's own read-ahead sends no second read.)"""
+    data = os.urandom(64 * MiB)
+    gcs_client.bucket(mount.bucket).blob("big").upload_from_string(data)
+    fd = os.open(mount.path / "big", os.O_RDONLY | os.O_DIRECT)
+    try:
+        with mmap.mmap(-1, 4096) as buffer:  # page-aligned, as O_DIRECT wants
+            assert os.preadv(fd, [buffer], 0) == 4096
+            assert buffer[:] == data[:4096]
+        wait_until(
+            lambda: stats(mount)["gcs"]["media_reads"] >= 1 + FIRST_AHEAD,
+            "the blocks read ahead",
+            timeout_s=30,
+        )
+        assert stats(mount)["gcs"]["media_reads"] == 1 + FIRST_AHEAD
+    finally:
+        os.close(fd)
