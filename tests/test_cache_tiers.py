@@ -35,7 +35,6 @@ from tierfs.cache.ssd_format import (
 )
 from tierfs.core import uploads as uploads_module
 from tierfs.core.background import Background
-from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import Blocks
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
@@ -968,64 +967,6 @@ async def test_concurrent_gets_share_one_read_of_a_block_file(tmp_path: Path) ->
     assert again.tiers[1].statistics()["hits"] == 1
     assert again.shared_waits == 4
     assert again.gcs_blocks == 0
-
-
-class PeakReads:
-    """A bucket that counts how many media reads are in flight at once."""
-
-    def __init__(self, bucket: MemoryBucket) -> None:
-        self.bucket = bucket
-        self.now = 0
-        self.peak = 0
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.bucket, name)
-
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
-        self.now += 1
-        self.peak = max(self.peak, self.now)
-        try:
-            await trio.sleep(0.01)  # a link's latency (autojump clock: no real wait)
-            return await self.bucket.read(name, generation=generation, offset=offset, length=length)
-        finally:
-            self.now -= 1
-
-
-@pytest.mark.parametrize(("per_file", "peak"), [(1, 1), (4, 4)])
-async def test_parallel_downloads_off_reads_one_stream(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, per_file: int, peak: int
-) -> None:
-    """gcsfuse without parallel downloads fills the cache with one stream; the reader's own
-    read-ahead must not add a second one. With parallel downloads, up to per_file at once."""
-    memory = MemoryBucket()
-    block = 4096
-    data = os.urandom(40 * block + 7)
-    info = memory.put("obj", data)
-    bucket = PeakReads(memory)
-    ssd = await open_ssd(tmp_path, max_bytes=MiB, block_size=block)
-    blocks = Blocks(
-        bucket,  # type: ignore[arg-type]
-        [RamTier(MiB), ssd],
-        block_size=block,
-        downloads=trio.CapacityLimiter(16),
-        per_file=per_file,
-    )
-    got = bytearray()
-    async with trio.open_nursery() as nursery:
-        reader = BlockReader(
-            blocks,
-            "obj",
-            info.generation,
-            len(data),
-            spawn=Background(nursery).spawn,
-            max_ahead_bytes=16 * block,
-            fill=True,
-        )
-        while len(got) < len(data):
-            got += await reader.read(len(got), 1000)
-    assert bytes(got) == data
-    assert bucket.peak == peak
-    assert blocks.gcs_blocks == 41
 
 
 # --- unmount and the SSD-tier copy of an upload ---------------------------------------------

@@ -1,16 +1,21 @@
 """Sequential read-ahead (`tierfs.core.blockreader`): a first read at offset 0 starts it at
-once, other first reads do not; and the same through a mount at the defaults."""
+once, other first reads do not (also through a mount at the defaults); with parallel
+downloads off, one stream at a time."""
 
 from __future__ import annotations
 
 import mmap
 import os
+from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from google.cloud import storage
 
 from tests.mounting import Mount, stats, wait_until
+from tests.test_cache_tiers import open_ssd
+from tierfs.cache import Tier
 from tierfs.cache.ram import RamTier
 from tierfs.core.background import Background
 from tierfs.core.blockreader import FIRST_AHEAD, BlockReader
@@ -21,45 +26,64 @@ BLOCK = 4096
 MiB = 1 << 20
 
 
-class TimedReads:
-    """A bucket whose media reads take 10 ms (a link's latency) and are logged with the
-    (virtual) time each started: (time, block index)."""
+class LoggedReads:
+    """A bucket whose media reads take 10 ms (a link's latency; no real wait under the
+    autojump clock), logged as (virtual time started, block index), with the most in
+    flight at once."""
 
     def __init__(self, bucket: MemoryBucket) -> None:
         self.bucket = bucket
         self.started: list[tuple[float, int]] = []
+        self.now = 0
+        self.peak = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.bucket, name)
 
     async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
         self.started.append((trio.current_time(), offset // BLOCK))
-        await trio.sleep(0.01)
-        return await self.bucket.read(name, generation=generation, offset=offset, length=length)
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await trio.sleep(0.01)
+            return await self.bucket.read(name, generation=generation, offset=offset, length=length)
+        finally:
+            self.now -= 1
 
 
-async def first_read(offset: int) -> tuple[TimedReads, float]:
-    """One 1,000-byte read at ``offset`` of a 40-block object, then every background
-    download done: the bucket's log and when the read began."""
+def reader_of(
+    data: bytes, tiers: list[Tier], nursery: trio.Nursery, *, per_file: int = 1, fill: bool = False
+) -> tuple[BlockReader, LoggedReads, Blocks]:
+    """A reader of ``data`` (object "obj") through ``tiers``, 16 blocks of read-ahead at
+    most, its background work in ``nursery``."""
     memory = MemoryBucket()
-    data = os.urandom(40 * BLOCK)
     info = memory.put("obj", data)
-    bucket = TimedReads(memory)
+    bucket = LoggedReads(memory)
     blocks = Blocks(
         bucket,  # type: ignore[arg-type]
-        [RamTier(MiB)],
+        tiers,
         block_size=BLOCK,
         downloads=trio.CapacityLimiter(16),
+        per_file=per_file,
     )
+    reader = BlockReader(
+        blocks,
+        "obj",
+        info.generation,
+        len(data),
+        spawn=Background(nursery).spawn,
+        max_ahead_bytes=16 * BLOCK,
+        fill=fill,
+    )
+    return reader, bucket, blocks
+
+
+async def first_read(offset: int) -> tuple[LoggedReads, float]:
+    """One 1,000-byte read at ``offset`` of a 40-block object, then every background
+    download done: the bucket's log and when the read began."""
+    data = os.urandom(40 * BLOCK)
     async with trio.open_nursery() as nursery:
-        reader = BlockReader(
-            blocks,
-            "obj",
-            info.generation,
-            len(data),
-            spawn=Background(nursery).spawn,
-            max_ahead_bytes=16 * BLOCK,
-        )
+        reader, bucket, _ = reader_of(data, [RamTier(MiB)], nursery)
         began = trio.current_time()
         assert await reader.read(offset, 1000) == data[offset : offset + 1000]
     return bucket, began
@@ -82,6 +106,26 @@ async def test_a_first_read_elsewhere_reads_nothing_ahead(
     only: no reader has shown it reads on."""
     bucket, _ = await first_read(20 * BLOCK + 5)
     assert [index for _, index in bucket.started] == [20]
+
+
+@pytest.mark.parametrize(("per_file", "peak"), [(1, 1), (4, 4)])
+async def test_parallel_downloads_off_reads_one_stream(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, per_file: int, peak: int
+) -> None:
+    """gcsfuse without parallel downloads fills the cache with one stream; the reader's own
+    read-ahead must not add a second one. With parallel downloads, up to per_file at once."""
+    data = os.urandom(40 * BLOCK + 7)
+    ssd = await open_ssd(tmp_path, max_bytes=MiB, block_size=BLOCK)
+    got = bytearray()
+    async with trio.open_nursery() as nursery:
+        reader, bucket, blocks = reader_of(
+            data, [RamTier(MiB), ssd], nursery, per_file=per_file, fill=True
+        )
+        while len(got) < len(data):
+            got += await reader.read(len(got), 1000)
+    assert bytes(got) == data
+    assert bucket.peak == peak
+    assert blocks.gcs_blocks == 41
 
 
 def test_reading_a_files_head_fetches_the_blocks_ahead_through_a_mount(
