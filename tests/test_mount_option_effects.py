@@ -122,6 +122,7 @@ def test_prometheus_port_serves_the_counters_and_they_move(
     assert after["gcs_read_bytes_count_total"] - before["gcs_read_bytes_count_total"] >= 2 << 20
     assert after["tierfs_gcs_bytes_written_total"] >= 3 << 20
     assert after['tierfs_tier_bytes_written_total{tier="ram"}'] >= 2 << 20  # the read filled it
+    assert after["tierfs_data_gcs_blocks_total"] >= 1  # `tierfs stats`'s data counters
     assert after["gcs_request_count_total"] > before["gcs_request_count_total"]
 
 

@@ -78,15 +78,16 @@ def reader_of(
     return reader, bucket, blocks
 
 
-async def first_read(offset: int) -> tuple[LoggedReads, float]:
-    """One 1,000-byte read at ``offset`` of a 40-block object, then every background
-    download done: the bucket's log and when the read began."""
+async def first_read(offset: int) -> tuple[LoggedReads, Blocks, float]:
+    """One 1,000-byte read at ``offset`` of a 40-block object, every background download
+    done, then the file closed: the bucket's log, the blocks, when the read began."""
     data = os.urandom(40 * BLOCK)
     async with trio.open_nursery() as nursery:
-        reader, bucket, _ = reader_of(data, [RamTier(MiB)], nursery)
+        reader, bucket, blocks = reader_of(data, [RamTier(MiB)], nursery)
         began = trio.current_time()
         assert await reader.read(offset, 1000) == data[offset : offset + 1000]
-    return bucket, began
+    reader.close()
+    return bucket, blocks, began
 
 
 async def test_a_first_read_at_offset_0_reads_ahead_at_once(
@@ -94,9 +95,12 @@ async def test_a_first_read_at_offset_0_reads_ahead_at_once(
 ) -> None:
     """The read of block 0 and of the next `FIRST_AHEAD` blocks start together: the read-ahead
     does not wait for a second read, which a reader sends only once block 0 has come."""
-    bucket, began = await first_read(0)
+    bucket, blocks, began = await first_read(0)
     assert sorted(index for _, index in bucket.started) == list(range(FIRST_AHEAD + 1))
     assert {at for at, _ in bucket.started} == {began}
+    # Closed after its first read: what was read ahead was for nothing, and is counted.
+    stats = blocks.statistics()
+    assert (stats["read_ahead_blocks"], stats["read_ahead_unread"]) == (FIRST_AHEAD, FIRST_AHEAD)
 
 
 async def test_a_first_read_elsewhere_reads_nothing_ahead(
@@ -104,8 +108,34 @@ async def test_a_first_read_elsewhere_reads_nothing_ahead(
 ) -> None:
     """A first read past offset 0 (a footer, an index, a random reader) fetches its block
     only: no reader has shown it reads on."""
-    bucket, _ = await first_read(20 * BLOCK + 5)
+    bucket, blocks, _ = await first_read(20 * BLOCK + 5)
     assert [index for _, index in bucket.started] == [20]
+    assert blocks.statistics()["read_ahead_blocks"] == 0
+
+
+async def test_a_reader_to_the_end_leaves_nothing_read_ahead_unread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Read in order to the end, every block read ahead is read: none counted unread. Read
+    ahead and then left (a jump back to the start, then close), the blocks passed over
+    are."""
+    data = os.urandom(40 * BLOCK + 7)
+    async with trio.open_nursery() as nursery:
+        reader, _, blocks = reader_of(data, [RamTier(MiB)], nursery)
+        got = bytearray()
+        while len(got) < len(data):
+            got += await reader.read(len(got), 1000)
+        reader.close()
+        assert bytes(got) == data
+        stats = blocks.statistics()
+        assert stats["read_ahead_blocks"] == 40 and stats["read_ahead_unread"] == 0
+        again, _, blocks = reader_of(data, [RamTier(MiB)], nursery)
+        for offset in range(0, 3 * BLOCK, 1024):  # blocks 0-2 in order, read ahead past them
+            await again.read(offset, 1024)
+        await again.read(0, 1000)  # back to the start
+    again.close()
+    stats = blocks.statistics()
+    assert stats["read_ahead_unread"] == stats["read_ahead_blocks"] - 2 > 0
 
 
 @pytest.mark.parametrize(("per_file", "peak"), [(1, 1), (4, 4)])
@@ -149,3 +179,5 @@ def test_reading_a_files_head_fetches_the_blocks_ahead_through_a_mount(
         assert stats(mount)["gcs"]["media_reads"] == 1 + FIRST_AHEAD
     finally:
         os.close(fd)
+    data_stats = stats(mount)["data"]  # closed: the 4 blocks were fetched for nothing
+    assert (data_stats["read_ahead_blocks"], data_stats["read_ahead_unread"]) == (4, 4)

@@ -68,6 +68,7 @@ class StatsCollector(Collector):
         yield from _operations(ops)
         yield from _gcs(stats.get("gcs", {}))
         yield from _tiers(stats.get("data", {}).get("tiers", {}))
+        yield from _flat("tierfs_data", stats.get("data", {}), set())  # (fills, read-ahead)
         yield from _flat("tierfs_metadata_cache", stats.get("metadata_cache", {}), {"entries"})
         yield from _flat(
             "tierfs_writeback", stats.get("writeback", {}), {"pending", "failing", "moving"}

@@ -66,6 +66,7 @@ class BlockReader:
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
         self._pacing = False  # a fill of this object keeps our pace (`tierfs.core.pace`)
+        self._unread: set[int] = set()  # blocks read ahead, not read yet (`Blocks.read_ahead`)
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         if offset >= self.size or length <= 0:
@@ -117,6 +118,7 @@ class BlockReader:
             return None
         if data is None:
             return None
+        self._unread.discard(first)
         self.blocks.paces.answered(self._announce(offset, last, end))
         return data
 
@@ -125,6 +127,7 @@ class BlockReader:
     ) -> bytes | memoryview:
         size = self.blocks.block_size
         if random and first == last and (self._last is None or self._last[0] != first):
+            self._unread.discard(first)
             key = BlockKey(self.name, self.generation, first)
             return await self.blocks.read_random(key, offset, end - offset, self.size)
         if first == last:
@@ -144,6 +147,7 @@ class BlockReader:
         return memoryview(joined)[start : start + end - offset]
 
     async def _block(self, index: int) -> bytes:
+        self._unread.discard(index)
         if self._last is not None and self._last[0] == index:
             return self._last[1]
         data = await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
@@ -174,6 +178,9 @@ class BlockReader:
         self._ahead = min(max(first, self._ahead * 2), self.max_ahead)
         start = max(last + 1, self._prefetched_to + 1)
         stop = min(last + self._ahead, self.blocks.blocks_of(self.size) - 1)
+        if start <= stop:
+            self._unread.update(range(start, stop + 1))
+            self.blocks.read_ahead += stop + 1 - start
         if serial:
             # As gcsfuse without parallel downloads: one request at a time, in order.
             self._chain_stop = stop
@@ -201,6 +208,8 @@ class BlockReader:
 
     def close(self) -> None:
         self._last = None
+        self.blocks.read_ahead_unread += len(self._unread)  # what read-ahead cost for nothing
+        self._unread.clear()
         if self._pacing:
             self._pacing = False
             self.blocks.paces.closed((self.name, self.generation))

@@ -108,6 +108,8 @@ class Blocks(_RandomReads):
         self.stored_local = 0
         self.tier_errors = 0
         self.fill_errors = 0  # background fills that failed (not counting changed objects)
+        self.read_ahead = 0  # blocks a sequential reader's read-ahead asked for
+        self.read_ahead_unread = 0  # ... that its open file closed without reading
 
     def went_past(self, key: BlockKey) -> None:
         """A sequential reader has gone past this block: the RAM tier evicts it first, before
@@ -396,6 +398,8 @@ class Blocks(_RandomReads):
             "whole_object_fills": self.fills,
             "fill_paced": self.paces.waits,
             "fill_pace_stops": self.paces.stops,
+            "read_ahead_blocks": self.read_ahead,
+            "read_ahead_unread": self.read_ahead_unread,
             "crc_mismatches": self.crc_mismatches,
             "uploads_cached": self.stored_local,
             "tier_errors": self.tier_errors,
