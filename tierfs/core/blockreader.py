@@ -4,8 +4,8 @@ It keeps the last block it used (kernel reads are 128 KiB to 1 MiB, blocks are l
 detects sequential reading and then prefetches the next blocks in the background,
 doubling how far ahead it goes up to ``sequential-read-size-mb``; a first read at offset
 0 is a sequential reader's start and prefetches `FIRST_AHEAD` blocks at once. With the
-file cache on and parallel downloads off, that read-ahead is one request at a time, in order, as
-gcsfuse's single download stream. With the SSD file cache on, the first read at offset 0
+file cache on and parallel downloads off, that read-ahead is one request at a time, in
+order, as gcsfuse's single download stream. With the SSD file cache on, the first read at offset 0
 (or any first read, with ``cache-file-for-range-read``) starts a background job that
 brings the whole object into the cache with ``parallel-downloads-per-file`` workers
 (`Blocks.fill`); readers wait only for the blocks they need.

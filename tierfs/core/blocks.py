@@ -44,7 +44,14 @@ __all__ = ["DOWNLOAD_COPIES", "PIECE_BYTES", "Blocks", "Memory"]
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
 
 
-DOWNLOAD_COPIES = 2  # a block being downloaded is in memory twice at its peak
+# How many times the RAM tier counts a block while it downloads. The download itself is
+# one copy (since 5eb8075 the bytes are read from the socket into one object: tracemalloc's
+# peak during an 8 MiB `GcsBucket.read` is 8.07 MiB). The second is a margin, kept from
+# when the HTTP layer made a copy: counting once did not change the peak RSS of random
+# reads with a cache dir (367 MiB both ways, 2 pairs); the fill's lead (`tierfs.core.pace`)
+# is tuned with it, and what counting once does to fills and sequential reads is not
+# measured yet.
+DOWNLOAD_COPIES = 2
 
 
 class Memory(Protocol):
@@ -195,7 +202,7 @@ class Blocks(_RandomReads):
                     )
                 self.gcs_blocks += 1
                 self.gcs_bytes += len(data)
-                release((DOWNLOAD_COPIES - 1) * length)  # the HTTP layer's copy is gone
+                release((DOWNLOAD_COPIES - 1) * length)  # the block alone from here
                 for tier in slower:  # while the reservation still counts the block
                     await self._put(tier, key, data)
             for tier in ram:  # where it now counts as itself (no await in between)
@@ -211,13 +218,13 @@ class Blocks(_RandomReads):
 
     @contextlib.asynccontextmanager
     async def _memory_for(self, length: int) -> AsyncIterator[Callable[[int], None]]:
-        """Room in the RAM tier for one download: its bytes twice (the HTTP layer's buffer
-        and the block). Yields a function to give part of it back early; the rest goes on
-        the way out. `_download` holds one copy until the slower tiers (SSD, shared) have
-        stored the block, and only then puts it in the RAM tier: a block the RAM tier
-        evicted while the SSD tier still wrote it was in memory all the same, uncounted
-        (a fill's 16 workers could hold 128 MiB that way; peak RSS in random reads with a
-        cache dir was 372-388 MiB, then 345-372)."""
+        """Room in the RAM tier for one download: its bytes `DOWNLOAD_COPIES` times.
+        Yields a function to give part of it back early; the rest goes on the way out.
+        `_download` holds one copy until the slower tiers (SSD, shared) have stored the
+        block, and only then puts it in the RAM tier: a block the RAM tier evicted while the
+        SSD tier still wrote it was in memory all the same, uncounted (a fill's 16 workers
+        could hold 128 MiB that way; peak RSS in random reads with a cache dir was 372-388
+        MiB, then 345-372)."""
         memory = self.memory
         held = DOWNLOAD_COPIES * length if memory is not None else 0
 

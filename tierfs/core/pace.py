@@ -9,8 +9,8 @@ restore of 8 files (cache dir, defaults) read its SSD tier 1.20-1.46x over and r
 SSD tier 0.36x over at 477-559 MB/s.
 
 So a fill downloads no further ahead of the furthest block its readers asked for than
-its share of the RAM tier allows, counting each block twice (a download is held twice
-while under way, `tierfs.core.blocks.DOWNLOAD_COPIES`) and the readers' own block (at
+its share of the RAM tier allows, counting each block twice (as the RAM tier counts a
+download under way, `tierfs.core.blocks.DOWNLOAD_COPIES`) and the readers' own block (at
 least 1 block ahead), and goes on as they move. It is never held for long: once its
 readers stop for `PACE_WAIT_S` (a training step, a consumer gone slow, a reader gone
 random) it goes on unpaced until they read again (readers starved of CPU for a second,
