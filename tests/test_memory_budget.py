@@ -1,6 +1,6 @@
 """Downloads take their memory from the RAM tier (issue 18): a block being downloaded is
-held back in the tier twice (the HTTP layer's buffer and the block), so what the tier
-stores plus what downloads hold never exceeds its size, however many run at once."""
+held back in the tier `DOWNLOAD_COPIES` times, so what the tier stores plus what
+downloads hold never exceeds its size, however many run at once."""
 
 from __future__ import annotations
 
@@ -125,3 +125,39 @@ async def test_a_block_being_stored_in_a_slower_tier_stays_counted() -> None:
 
     assert await get_all(blocks, generation, len(data), blocked) == data
     assert ram.statistics()["reserved_bytes"] == 0
+
+
+async def test_readers_have_a_block_before_a_slower_tier_has_stored_it() -> None:
+    """A reader waiting for a block being downloaded gets it once it is downloaded, not once
+    the SSD tier has written it; the RAM tier holds it meanwhile, counted twice (stored, and
+    held back for the store), so its size still bounds the memory."""
+    ram = RamTier(4 * DOWNLOAD_COPIES * BLOCK)
+    slow = SlowTier(64 * BLOCK)
+    bucket = MemoryBucket("b")
+    data = os.urandom(2 * BLOCK)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [ram, slow], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+    )
+    key = BlockKey("obj", generation, 1)
+    got: list[bytes] = []
+
+    async def fetcher() -> None:
+        await blocks.get(key, len(data))
+
+    async def reader() -> None:
+        got.append(await blocks.get(key, len(data)))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fetcher)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert slow.storing == 1  # the store has not finished...
+        assert got == [data[BLOCK:]]  # ...and the reader has the block
+        assert await ram.get(key) == data[BLOCK:]
+        stats = ram.statistics()
+        assert stats["used_bytes"] + stats["reserved_bytes"] == 2 * BLOCK
+        slow.gate.set()
+    assert ram.statistics()["reserved_bytes"] == 0
+    assert await slow.get(key) == data[BLOCK:]
