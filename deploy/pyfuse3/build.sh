@@ -21,6 +21,12 @@
 #   stays in D state until the read ends. With the patch, a handler can learn its
 #   request's id (pyfuse3.current_request()) and a file system with an interrupt(id)
 #   method hears of every INTERRUPT, to cancel that request and answer EINTR.
+# - pyfuse3's loop hands the FUSE fd to a second task before every request is handled,
+#   so each request, even one answered without waiting (a RAM-tier read, a cached
+#   lookup), costs a lock handed over and two task switches. With the patch, the task
+#   that read a request runs its handler until it first waits, and only then starts
+#   another task to read the next requests. Random 4 KiB reads answered from the RAM
+#   tier (probe, 4 interleaved pairs): 43-69 against 55-62 us of daemon CPU per read.
 #
 # Why libfuse 3.17: the passthrough fields of the INIT and OPEN replies exist from
 # libfuse 3.16; Debian 12 ships 3.14. We build libfuse 3.17.2 from Debian 13's source
@@ -35,7 +41,7 @@ if [[ "$PY" == */* ]]; then  # a path: made absolute (the build runs elsewhere),
   PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 fi
 VERSION=3.5.0
-LOCAL=tierfs.4
+LOCAL=tierfs.5
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 FUSE_VERSION=3.17.2
 FUSE_URL=http://deb.debian.org/debian/pool/main/f/fuse3/fuse3_$FUSE_VERSION.orig.tar.gz
@@ -62,7 +68,7 @@ PATH="$bindir:$PATH" "$bindir/meson" setup "$work/fuse-build" "$work/fuse-$FUSE_
 PATH="$bindir:$PATH" "$bindir/ninja" -C "$work/fuse-build" install >"$work/ninja.log" \
   || { cat "$work/ninja.log"; exit 1; }
 
-echo "building pyfuse3 $VERSION+$LOCAL (deploy/pyfuse3: the kernel's list cache, passthrough, interrupts)"
+echo "building pyfuse3 $VERSION+$LOCAL (deploy/pyfuse3: the kernel's list cache, passthrough, interrupts, request loop)"
 "$PY" -m pip download -q --no-deps --no-binary :all: "pyfuse3==$VERSION" -d "$work"
 echo "$SHA256  $work/pyfuse3-$VERSION.tar.gz" | sha256sum -c --quiet
 tar -xzf "$work/pyfuse3-$VERSION.tar.gz" -C "$work"
