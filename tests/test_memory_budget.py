@@ -161,3 +161,51 @@ async def test_readers_have_a_block_before_a_slower_tier_has_stored_it() -> None
         slow.gate.set()
     assert ram.statistics()["reserved_bytes"] == 0
     assert await slow.get(key) == data[BLOCK:]
+
+
+class SealingTier(SlowTier):
+    """A persistent tier like the SSD tier: a put of a block it is storing is skipped, and
+    a seal records whether every block of the object was stored by then."""
+
+    persistent = True
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self.busy: set[BlockKey] = set()
+        self.seals: list[bool] = []
+
+    async def put(self, key: BlockKey, data: bytes) -> None:
+        if key in self.busy:
+            return
+        self.busy.add(key)
+        await super().put(key, data)
+        self.busy.discard(key)
+
+    async def seal(self, name: str, generation: int, size: int) -> bool:
+        whole = all(self.holds(BlockKey(name, generation, i)) for i in range(size // BLOCK))
+        self.seals.append(whole)
+        return whole
+
+
+async def test_a_fill_seals_only_once_a_readers_fetch_has_stored_its_block() -> None:
+    """A reader fetched block 0 and has it, its SSD write still under way; the fill of
+    the object gets block 0 from that fetch and must wait for the write before sealing
+    (the put it would make itself is skipped as a duplicate)."""
+    ram = RamTier(8 * DOWNLOAD_COPIES * BLOCK)
+    ssd = SealingTier(64 * BLOCK)
+    bucket = MemoryBucket("b")
+    data = os.urandom(2 * BLOCK)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [ram, ssd], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+    )
+
+    await RamTier.put(ssd, BlockKey("obj", generation, 1), data[BLOCK:])  # stored before
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocks.get, BlockKey("obj", generation, 0), len(data))
+        await trio.testing.wait_all_tasks_blocked()  # block 0 downloaded, its store waits
+        nursery.start_soon(blocks.fill, "obj", generation, len(data), None)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ssd.seals == []  # the fill waits for block 0's store
+        ssd.gate.set()
+    assert ssd.seals == [True]

@@ -69,8 +69,9 @@ class Memory(Protocol):
 
 @dataclass
 class _Flight:
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = field(default_factory=trio.Event)  # the bytes are there (`data`)
     data: bytes | None = None
+    settled: trio.Event = field(default_factory=trio.Event)  # ... and stored in every tier
 
 
 class Blocks(_RandomReads):
@@ -153,6 +154,14 @@ class Blocks(_RandomReads):
         finally:
             del self._inflight[key]
             flight.done.set()
+            flight.settled.set()
+
+    async def _settled(self, key: BlockKey) -> None:
+        """Until a fetch of ``key`` under way has also stored it in the slower tiers (its
+        readers had it before: `_download`)."""
+        flight = self._inflight.get(key)
+        if flight is not None:
+            await flight.settled.wait()
 
     async def cached(self, key: BlockKey, object_size: int) -> bytes | None:
         """The block if a tier holds it (or a download of it is under way), else None."""
@@ -338,6 +347,9 @@ class Blocks(_RandomReads):
                 for key in todo:
                     await self.paces.keep(job, key.index)
                     data = await self.get(key, size)
+                    # A reader's fetch handed us the block before its SSD write ended: the
+                    # seal below needs the block there, and our own put would be skipped.
+                    await self._settled(key)
                     for tier in keep:
                         if not tier.holds(key):  # a hit in another tier: store it here too
                             await self._put(tier, key, data)
