@@ -105,18 +105,27 @@ class SlowTier(RamTier):
         self.storing -= 1
 
 
+def over_a_slower_tier(
+    slower: SlowTier, blocks_in_object: int
+) -> tuple[RamTier, Blocks, bytes, int]:
+    """A RAM tier with room for 4 downloads in front of ``slower``, and an object "obj" of
+    that many blocks: (ram, blocks, its bytes, its generation)."""
+    ram = RamTier(4 * DOWNLOAD_COPIES * BLOCK)
+    bucket = MemoryBucket("b")
+    data = os.urandom(blocks_in_object * BLOCK)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [ram, slower], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+    )
+    return ram, blocks, data, generation
+
+
 async def test_a_block_being_stored_in_a_slower_tier_stays_counted() -> None:
     """While a slower tier still stores a downloaded block, the RAM tier keeps one copy of
     it held back: if it evicts its own copy meanwhile, the bytes are in memory all the
     same (in the store), and the tier's size must still bound them."""
-    ram = RamTier(4 * DOWNLOAD_COPIES * BLOCK)
     slow = SlowTier(64 * BLOCK)
-    bucket = MemoryBucket("b")
-    data = os.urandom(3 * BLOCK)
-    generation = bucket.put("obj", data).generation
-    blocks = Blocks(
-        bucket, [ram, slow], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
-    )
+    ram, blocks, data, generation = over_a_slower_tier(slow, 3)
 
     def blocked() -> None:
         assert slow.storing == 3
@@ -131,14 +140,8 @@ async def test_readers_have_a_block_before_a_slower_tier_has_stored_it() -> None
     """A reader waiting for a block being downloaded gets it once it is downloaded, not once
     the SSD tier has written it; the RAM tier holds it meanwhile, counted twice (stored, and
     held back for the store), so its size still bounds the memory."""
-    ram = RamTier(4 * DOWNLOAD_COPIES * BLOCK)
     slow = SlowTier(64 * BLOCK)
-    bucket = MemoryBucket("b")
-    data = os.urandom(2 * BLOCK)
-    generation = bucket.put("obj", data).generation
-    blocks = Blocks(
-        bucket, [ram, slow], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
-    )
+    ram, blocks, data, generation = over_a_slower_tier(slow, 2)
     key = BlockKey("obj", generation, 1)
     got: list[bytes] = []
 
@@ -191,14 +194,8 @@ async def test_a_fill_seals_only_once_a_readers_fetch_has_stored_its_block() -> 
     """A reader fetched block 0 and has it, its SSD write still under way; the fill of
     the object gets block 0 from that fetch and must wait for the write before sealing
     (the put it would make itself is skipped as a duplicate)."""
-    ram = RamTier(8 * DOWNLOAD_COPIES * BLOCK)
     ssd = SealingTier(64 * BLOCK)
-    bucket = MemoryBucket("b")
-    data = os.urandom(2 * BLOCK)
-    generation = bucket.put("obj", data).generation
-    blocks = Blocks(
-        bucket, [ram, ssd], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
-    )
+    _, blocks, data, generation = over_a_slower_tier(ssd, 2)
 
     await RamTier.put(ssd, BlockKey("obj", generation, 1), data[BLOCK:])  # stored before
     async with trio.open_nursery() as nursery:
