@@ -188,13 +188,15 @@ class Blocks(_RandomReads):
         """From GCS into every tier; first a tier shared with other nodes may claim the
         download (they wait for our copy) or hand over another node's (we wait for it).
 
-        Readers waiting for the block (``flight``) have it as soon as it is downloaded, and
-        so does the RAM tier: the slower tiers (SSD, shared) store it after, off their path.
-        Cold read of 4 x 256 MiB with a cache dir (probe, plain, interleaved pairs), waiting
-        for the SSD tier's write first against not: default options 522 / 552 / 542 against
-        624 / 694 / 637 MB/s; the checkpoint line, noisier, mean 617 against 646 MB/s (7
-        pairs, ahead in 4). Meanwhile the block counts twice in the RAM tier: stored there,
-        and held back in `_memory_for` until the slower tiers have it."""
+        Readers waiting for the block (``flight``) have it as soon as it is downloaded: the
+        slower tiers (SSD, shared) store it after, off their path. The RAM tier gets the
+        block only once they have it, as before: stored there during the write as well, it
+        counted twice (its copy and `_memory_for`'s), and eight slow readers at the
+        defaults read 128 MiB back from the SSD tier, not 0-56
+        (`test_fills_keep_eight_slow_readers_pace_at_the_defaults`). Cold read of 4 x 256
+        MiB with a cache dir, default options (probe, plain, interleaved pairs), before
+        against after: with the RAM tier's put early too 522 / 552 / 542 against 624 / 694
+        / 637 MB/s; as it is, 515 / 522 / 582 against 502 / 608 / 544: no gain shown."""
         for level, tier in enumerate(self.tiers):
             try:
                 data = await tier.fetching(key)
@@ -222,10 +224,10 @@ class Blocks(_RandomReads):
                 release((DOWNLOAD_COPIES - 1) * length)  # the block alone from here
                 flight.data = data
                 flight.done.set()
-                for tier in ram:
-                    await self._put(tier, key, data)
                 for tier in slower:  # while the reservation still counts the block
                     await self._put(tier, key, data)
+            for tier in ram:  # where it now counts as itself (no await in between)
+                await self._put(tier, key, data)
             return data
         finally:
             for tier in self.tiers:
@@ -240,10 +242,10 @@ class Blocks(_RandomReads):
         """Room in the RAM tier for one download: its bytes `DOWNLOAD_COPIES` times.
         Yields a function to give part of it back early; the rest goes on the way out.
         `_download` holds one copy until the slower tiers (SSD, shared) have stored the
-        block, though the RAM tier already has it: a block the RAM tier evicted while the
-        SSD tier still wrote it is in memory all the same, and must stay counted (a fill's
-        16 workers could hold 128 MiB that way uncounted; peak RSS in random reads with a
-        cache dir was 372-388 MiB, then 345-372)."""
+        block, and only then puts it in the RAM tier: a block the RAM tier evicted while the
+        SSD tier still wrote it was in memory all the same, uncounted (a fill's 16 workers
+        could hold 128 MiB that way; peak RSS in random reads with a cache dir was 372-388
+        MiB, then 345-372)."""
         memory = self.memory
         held = DOWNLOAD_COPIES * length if memory is not None else 0
 
