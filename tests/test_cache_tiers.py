@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierfs.cache import BlockKey
+from tierfs.cache.buffers import SPARE, BlockBuffers, pooled
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
 from tierfs.cache.ssd_format import (
@@ -1123,3 +1124,43 @@ async def test_a_copy_whose_clean_up_fails_still_lets_unmount_go_on() -> None:
             with trio.fail_after(5):
                 await copies.wait_idle()
     assert ran == ["job", "cleanup"] and copies.running == 0 and background.errors == 1
+
+
+# --- block buffers (`tierfs.cache.buffers`) through the tiers ------------------------------
+
+
+async def test_both_tiers_keep_a_block_buffer_as_it_is_and_copy_other_buffers(
+    tier: RamTier | SsdTier,
+) -> None:
+    """A block buffer's view is stored without a copy (the RAM tier keeps that very view);
+    a buffer that may change (a bytearray) is copied: changed after the put, the stored
+    block is what was put."""
+    pooled_key, other_key = BlockKey("a", 1, 0), BlockKey("a", 1, 1)
+    view = BlockBuffers(BLOCK).take(BLOCK)
+    view[:] = payload(pooled_key, BLOCK)
+    await tier.put(pooled_key, view)
+    changing = bytearray(payload(other_key, BLOCK))
+    await tier.put(other_key, changing)
+    changing[:10] = b"x" * 10
+    assert await tier.get(pooled_key) == payload(pooled_key, BLOCK)
+    assert await tier.get(other_key) == payload(other_key, BLOCK)
+    if isinstance(tier, RamTier):
+        assert await tier.get(pooled_key) is view
+
+
+async def test_blocks_land_in_buffers_reused_within_the_ram_tier() -> None:
+    """Downloaded blocks are block buffers; reading 4 times what the RAM tier holds maps no
+    more buffers than its blocks and the spare ones, and every block reads back right."""
+    bucket = MemoryBucket(BUCKET)
+    data = os.urandom(32 * BLOCK)
+    info = await bucket.write_bytes("big", data, if_generation_match=0)
+    ram = RamTier(8 * BLOCK)
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    for index in range(32):
+        block = await blocks.get(BlockKey("big", info.generation, index), len(data))
+        assert pooled(block)
+        assert block == data[index * BLOCK : (index + 1) * BLOCK]
+    del block
+    numbers = blocks.statistics()["block_buffers"]
+    assert numbers["made"] <= 8 + SPARE
+    assert numbers["reused"] >= 32 - 8 - SPARE

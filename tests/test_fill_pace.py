@@ -18,6 +18,7 @@ from tierfs.cache.ram import RamTier
 from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import Blocks
 from tierfs.core.pace import PACE_WAIT_S
+from tierfs.storage import Into
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
@@ -127,10 +128,14 @@ class FirstBlockHeld(MemoryBucket):
         super().__init__()
         self.gate = trio.Event()
 
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+    async def read(
+        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+    ) -> bytes | memoryview:
         if offset == 0:
             await self.gate.wait()
-        return await super().read(name, generation=generation, offset=offset, length=length)
+        return await super().read(
+            name, generation=generation, offset=offset, length=length, into=into
+        )
 
 
 async def test_a_reader_waiting_for_its_block_keeps_the_fill_paced(

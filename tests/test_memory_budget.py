@@ -13,6 +13,7 @@ import trio.testing
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
 from tierfs.core.blocks import DOWNLOAD_COPIES, Blocks
+from tierfs.storage import Into
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 1 << 20
@@ -29,14 +30,18 @@ class HeldBucket(MemoryBucket):
         self.ram = ram
         self.worst = 0  # the most bytes stored and held back at once, seen from a read
 
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+    async def read(
+        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+    ) -> bytes | memoryview:
         self.running += 1
         self.most = max(self.most, self.running)
         stats = self.ram[0].statistics()
         self.worst = max(self.worst, stats["used_bytes"] + stats["reserved_bytes"])
         await self.gate.wait()
         self.running -= 1
-        return await super().read(name, generation=generation, offset=offset, length=length)
+        return await super().read(
+            name, generation=generation, offset=offset, length=length, into=into
+        )
 
 
 async def get_all(blocks: Blocks, generation: int, size: int, blocked: Callable[[], None]) -> bytes:

@@ -139,6 +139,33 @@ def test_written_files_are_read_back_from_the_ssd_tier_after_remount(
     assert stats(again)["gcs"]["media_reads"] == 0
 
 
+def test_downloads_reuse_as_many_buffers_as_the_ram_tier_holds(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Blocks are downloaded into block buffers (`tierfs.cache.buffers`), reused once the
+    RAM tier has let them go: a cold read of 3 times the RAM tier, with a cache dir (the
+    SSD tier writes them straight from those buffers) and without, maps no more buffers
+    than the RAM tier's blocks and a few, and reads every byte right."""
+    data = os.urandom(96 * MiB)
+    upload(gcs_client, bucket_name, "ckpt", data)
+    for name, extra in (("ssd", [f"--cache-dir={tmp_path / 'cache'}"]), ("ram", [])):
+        mount = mount_factory(*extra, "--ram-cache-max-size-mb=32", name=name)
+        drop_page_cache()
+        assert (mount.path / "ckpt").read_bytes() == data
+        numbers = stats(mount)["data"]["block_buffers"]
+        assert numbers["made"] <= 4 + 4, numbers  # 4 blocks in the RAM tier, 4 spare
+        assert numbers["reused"] >= 12 - 8, numbers
+        if extra:
+            drop_page_cache()
+            assert mount.unmount().returncode == 0
+            again = mount_factory(*extra, name="again")
+            assert (again.path / "ckpt").read_bytes() == data  # what the SSD tier wrote
+            assert media_reads(again) == 0
+            assert again.unmount().returncode == 0
+        else:
+            assert mount.unmount().returncode == 0
+
+
 def test_a_fill_keeps_a_slow_readers_pace(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
 ) -> None:

@@ -20,6 +20,7 @@ from tierfs.cache.ram import RamTier
 from tierfs.core.background import Background
 from tierfs.core.blockreader import FIRST_AHEAD, BlockReader
 from tierfs.core.blocks import Blocks
+from tierfs.storage import Into
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
@@ -40,13 +41,17 @@ class LoggedReads:
     def __getattr__(self, name: str) -> object:
         return getattr(self.bucket, name)
 
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+    async def read(
+        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+    ) -> bytes | memoryview:
         self.started.append((trio.current_time(), offset // BLOCK))
         self.now += 1
         self.peak = max(self.peak, self.now)
         try:
             await trio.sleep(0.01)
-            return await self.bucket.read(name, generation=generation, offset=offset, length=length)
+            return await self.bucket.read(
+                name, generation=generation, offset=offset, length=length, into=into
+            )
         finally:
             self.now -= 1
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierfs.cache import ssd_direct
+from tierfs.cache.buffers import BlockBuffers
 from tierfs.cache.ssd_direct import ALIGN, CHUNK_BYTES, write_payload
 
 BLOCK = 64 * 1024
@@ -103,3 +104,27 @@ def test_payloads_land_as_a_model_file_says(writes: list[tuple[int, int, int]]) 
                 model.extend(bytes(end - len(model)))
             model[index * block : end] = data
         assert path.read_bytes() == bytes(model)
+
+
+@pytest.mark.parametrize("length", [ALIGN, 3 * CHUNK_BYTES + ALIGN, 3 * CHUNK_BYTES + 17])
+def test_an_aligned_payload_is_written_straight_from_its_memory(
+    direct_dir: Path, monkeypatch: pytest.MonkeyPatch, length: int
+) -> None:
+    """A block buffer (page-aligned memory) goes to the disk with no copy through the
+    aligned buffers, and past the page cache all the same."""
+
+    def no_copy() -> None:
+        raise AssertionError("an aligned payload was copied")
+
+    monkeypatch.setattr(ssd_direct._BUFFERS, "one", no_copy)
+    view = BlockBuffers(4 * CHUNK_BYTES).take(length)
+    view[:] = pattern(length, 5)
+    path = direct_dir / "obj.data"
+    write_payload(path, view, BLOCK, 0o600)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # not in the page cache: written directly
+            os.preadv(fd, [bytearray(ALIGN)], BLOCK, os.RWF_NOWAIT)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == bytes(BLOCK) + pattern(length, 5)

@@ -28,6 +28,7 @@ import pytest
 import trio
 from google.cloud import storage
 
+from tierfs.cache.buffers import BlockBuffers, pooled
 from tierfs.cli.emulator import Emulator
 from tierfs.errors import (
     AccessDenied,
@@ -1064,3 +1065,30 @@ def test_object_resources_parse_rfc3339_times_and_refuse_a_missing_generation() 
     assert info_of({**item, "updated": "not a time"}).updated_s == 0.0
     with pytest.raises(BackendError, match="without a generation"):
         info_of({"name": "a", "size": "3"})
+
+
+async def test_a_read_into_a_block_buffer(bucket: Bucket) -> None:
+    """``into``: the bytes land in the buffer it gives (asked for with their length, short
+    at EOF), which is returned; nothing is asked for past EOF."""
+    data = os.urandom(300 * KiB)
+    info = await bucket.write_bytes("obj", data, if_generation_match=0)
+    pool = BlockBuffers(256 * KiB)
+    asked: list[int] = []
+
+    def into(length: int) -> memoryview:
+        asked.append(length)
+        return pool.take(length)
+
+    for offset, length in ((0, 256 * KiB), (256 * KiB, 256 * KiB), (5, 7)):
+        got = await bucket.read("obj", generation=info.generation, offset=offset, length=length)
+        again = await bucket.read(
+            "obj", generation=info.generation, offset=offset, length=length, into=into
+        )
+        assert pooled(again)
+        assert again == got == data[offset : offset + length]
+    assert asked == [256 * KiB, len(data) - 256 * KiB, 7]
+    past = await bucket.read(
+        "obj", generation=info.generation, offset=len(data), length=9, into=into
+    )
+    assert past == b""
+    assert len(asked) == 3

@@ -43,6 +43,11 @@ class PieceKey:
     offset: int
 
 
+Data = bytes | memoryview
+"""A block's bytes: a bytes object, or a view of a block buffer (`tierfs.cache.buffers`),
+which no one writes into."""
+
+
 class Tier(Protocol):
     """One cache level. Safe to call from many trio tasks.
 
@@ -54,7 +59,7 @@ class Tier(Protocol):
     name: str
     persistent: bool
 
-    async def get(self, key: BlockKey) -> bytes | None:
+    async def get(self, key: BlockKey) -> Data | None:
         """The block's bytes, or None on a miss (also when the stored copy is damaged)."""
         ...
 
@@ -63,7 +68,7 @@ class Tier(Protocol):
         a whole-object fill skips what is already cached instead of reading it."""
         ...
 
-    async def put(self, key: BlockKey, data: bytes) -> None:
+    async def put(self, key: BlockKey, data: Data) -> None:
         """Store one block (may evict others; never raises for lack of space)."""
         ...
 
@@ -71,13 +76,13 @@ class Tier(Protocol):
         """Drop the blocks (and pieces) of an object (one generation, or all)."""
         ...
 
-    async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+    async def read_part(self, key: BlockKey, offset: int, length: int) -> Data | None:
         """``length`` bytes at ``offset`` within a block the tier holds, without reading
         the whole block, for a random read; None: ask `get` (a block the tier cannot
         vouch for without checking it whole, or none)."""
         ...
 
-    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> Data | None:
         """`read_part`'s answer when the tier can give it without waiting (memory); None
         otherwise: then the caller awaits `read_part`."""
         ...

@@ -31,14 +31,15 @@ import trio
 import trio.lowlevel
 from cachetools import Cache
 
-from tierfs.cache import BlockKey, PieceKey
+from tierfs.cache import BlockKey, Data, PieceKey
+from tierfs.cache.buffers import pooled
 
 Key = BlockKey | PieceKey
 
 __all__ = ["RamTier"]
 
 
-class _Blocks(Cache[Key, bytes]):
+class _Blocks(Cache[Key, Data]):
     """A cache of blocks in recency order (least recent evicted first) that keeps a
     by-name index and counts its evictions. Blocks and the pieces random reads fetched
     share it, so both count against one budget.
@@ -56,12 +57,12 @@ class _Blocks(Cache[Key, bytes]):
         self.evictions = 0
         self._order: OrderedDict[Key, None] = OrderedDict()
 
-    def __getitem__(self, key: Key) -> bytes:
+    def __getitem__(self, key: Key) -> Data:
         value = super().__getitem__(key)
         self._order.move_to_end(key)
         return value
 
-    def __setitem__(self, key: Key, value: bytes) -> None:
+    def __setitem__(self, key: Key, value: Data) -> None:
         super().__setitem__(key, value)
         self._order[key] = None
         self._order.move_to_end(key)
@@ -81,7 +82,7 @@ class _Blocks(Cache[Key, bytes]):
         if key in self._order:
             self._order.move_to_end(key, last=False)
 
-    def popitem(self) -> tuple[Key, bytes]:
+    def popitem(self) -> tuple[Key, Data]:
         if not self._order:
             raise KeyError("no blocks to evict")
         key = next(iter(self._order))
@@ -111,10 +112,10 @@ class RamTier:
         self._reserved_peak = 0
         self._room = trio.lowlevel.ParkingLot()
 
-    async def get(self, key: BlockKey) -> bytes | None:
+    async def get(self, key: BlockKey) -> Data | None:
         return self._lookup(key, "")
 
-    def _lookup(self, key: Key, kind: str) -> bytes | None:
+    def _lookup(self, key: Key, kind: str) -> Data | None:
         """A block or (``kind`` "piece_") a piece, counted as a hit or a miss of its kind."""
         data = self._blocks.get(key)
         if data is None:
@@ -127,14 +128,16 @@ class RamTier:
     def holds(self, key: BlockKey) -> bool:
         return key in self._blocks
 
-    async def put(self, key: BlockKey, data: bytes) -> None:
+    async def put(self, key: BlockKey, data: Data) -> None:
         if not data or len(data) > self._max_bytes:
             return
         if key in self._blocks:
             self._blocks[key]  # the same key holds the same bytes: only refresh its recency
             return
         self._make_room(len(data))
-        self._blocks[key] = bytes(data)
+        # A block buffer's view is kept as it is (no one writes it, and it is not reused
+        # while this view lives); any other buffer is copied, as it may change.
+        self._blocks[key] = data if pooled(data) else bytes(data)
         self._bytes_written += len(data)
 
     # -- memory held by downloads ---------------------------------------------------------
@@ -174,10 +177,10 @@ class RamTier:
         for key in [k for k in keys if generation is None or k.generation == generation]:
             del self._blocks[key]
 
-    async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+    async def read_part(self, key: BlockKey, offset: int, length: int) -> Data | None:
         return self.read_part_now(key, offset, length)
 
-    def read_part_now(self, key: BlockKey, offset: int, length: int) -> bytes | None:
+    def read_part_now(self, key: BlockKey, offset: int, length: int) -> Data | None:
         data = self._blocks.get(key)
         if data is None:
             return None  # (not a miss yet: the caller looks further)
@@ -186,7 +189,8 @@ class RamTier:
         return data[offset : offset + length]
 
     def get_piece(self, key: PieceKey) -> bytes | None:
-        return self._lookup(key, "piece_")
+        data = self._lookup(key, "piece_")
+        return None if data is None else bytes(data)  # (a piece is bytes: no copy made)
 
     def put_piece(self, key: PieceKey, data: bytes) -> None:
         if not data or len(data) > self._max_bytes or key in self._blocks:

@@ -51,7 +51,7 @@ from pathlib import Path
 import trio
 from cachetools import LRUCache
 
-from tierfs.cache import BlockKey, PieceKey
+from tierfs.cache import BlockKey, Data, PieceKey
 from tierfs.cache import shared_format as fmt
 from tierfs.cache.shared_access import Access, Unavailable
 from tierfs.cache.ssd_format import _U64, _name_bytes, _name_hash, safety_margin
@@ -151,7 +151,7 @@ class SharedTier:
 
     # -- Tier protocol -------------------------------------------------------------------
 
-    async def get(self, key: BlockKey) -> bytes | None:
+    async def get(self, key: BlockKey) -> Data | None:
         if not self._usable(key):
             self._counts["misses"] += 1
             return None
@@ -162,7 +162,7 @@ class SharedTier:
     def holds(self, key: BlockKey) -> bool:
         return self._usable(key) and key in self._known
 
-    async def put(self, key: BlockKey, data: bytes) -> None:
+    async def put(self, key: BlockKey, data: Data) -> None:
         if len(data) > self._block_size:
             raise ValueError(
                 f"block {key.index} of {key.name!r} is {len(data)} bytes, "

@@ -66,7 +66,9 @@ OK = "ok"
 MISSING = "missing"
 
 
-def block_bytes(name: bytes, generation: int, index: int, block_size: int, data: bytes) -> bytes:
+def block_bytes(
+    name: bytes, generation: int, index: int, block_size: int, data: bytes | memoryview
+) -> bytes:
     """A block file's whole content: header, object name, payload."""
     head = _header(
         name, generation, index, block_size, data, magic=SHARED_MAGIC, version=SHARED_VERSION

@@ -70,7 +70,8 @@ from pathlib import Path
 
 import trio
 
-from tierfs.cache import BlockKey, PieceKey
+from tierfs.cache import BlockKey, Data, PieceKey
+from tierfs.cache.buffers import pooled
 from tierfs.cache.ssd_adopt import _Adopt
 from tierfs.cache.ssd_budget import _Budget
 from tierfs.cache.ssd_format import (
@@ -262,7 +263,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
             return False
         return self._stem(_name_bytes(key.name), key) in self._index
 
-    async def put(self, key: BlockKey, data: bytes) -> None:
+    async def put(self, key: BlockKey, data: Data) -> None:
         self._check_open()
         if len(data) > self._block_size:
             raise ValueError(
@@ -286,7 +287,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         drops = self._make_room(size)
         self._busy.add(stem)
         self._pending_bytes += size
-        data = bytes(data)
+        data = data if pooled(data) else bytes(data)  # (as the RAM tier: `pooled`)
         failures: list[tuple[Path, OSError]] = []
         stored = False
         try:

@@ -19,11 +19,12 @@ MB/s), and so do random 1 MiB reads of an object the tier just filled (350-470
 against 1,386-2,550 MB/s); both stay above rclone's (534 and 110-341).
 
 How: the aligned part of a payload (offsets are block multiples, so all but the last
-block's tail) is copied through a reused page-aligned buffer in `CHUNK_BYTES` pieces
-and written with ``pwrite``; the unaligned tail, and everything on a file system that
-refuses ``O_DIRECT`` (tmpfs, some overlays: ``EINVAL``), is written through the page
-cache as before. Mixing the two on one file is coherent: a direct write drops the
-cached pages of its range.
+block's tail) is written with ``pwrite``: in one piece, straight from the payload, where
+its memory is aligned (a downloaded block: `tierfs.cache.buffers`), else copied through
+a reused page-aligned buffer in `CHUNK_BYTES` pieces; the unaligned tail, and everything
+on a file system that refuses ``O_DIRECT`` (tmpfs, some overlays: ``EINVAL``), is
+written through the page cache as before. Mixing the two on one file is coherent: a
+direct write drops the cached pages of its range.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+from tierfs.cache.buffers import address_aligned
 
 ALIGN = 4096  # a multiple of every logical block size ext4/xfs use
 CHUNK_BYTES = 1 << 20  # each aligned buffer (256 KiB: 2.5x the time, one I/O each)
@@ -113,21 +116,30 @@ def _write_direct(path: Path, view: memoryview, offset: int, mode: int) -> int:
     done = 0
     try:
         os.fchmod(fd, mode)
-        with _BUFFERS.one() as buf:
-            done = _copy_out(fd, buf, view, offset, device)
+        if address_aligned(view, ALIGN):
+            done = _copy_out(fd, None, view, offset, device)
+        else:
+            with _BUFFERS.one() as buf:
+                done = _copy_out(fd, buf, view, offset, device)
     finally:
         os.close(fd)
     return done
 
 
-def _copy_out(fd: int, buf: memoryview, view: memoryview, offset: int, device: int) -> int:
-    """Write ``view``'s aligned part through ``buf``: the bytes written from its start."""
+def _copy_out(fd: int, buf: memoryview | None, view: memoryview, offset: int, device: int) -> int:
+    """Write ``view``'s aligned part, through ``buf`` (None: ``view`` is aligned itself):
+    the bytes written from its start."""
     done = 0
+    chunk = len(view) if buf is None else CHUNK_BYTES  # (aligned: one pwrite for all)
     while len(view) - done >= ALIGN:
-        n = min(CHUNK_BYTES, (len(view) - done) // ALIGN * ALIGN)
-        buf[:n] = view[done : done + n]
+        n = min(chunk, (len(view) - done) // ALIGN * ALIGN)
+        if buf is None:
+            out = view[done : done + n]
+        else:
+            buf[:n] = view[done : done + n]
+            out = buf[:n]
         try:
-            wrote = os.pwrite(fd, buf[:n], offset + done)
+            wrote = os.pwrite(fd, out, offset + done)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise

@@ -1,7 +1,9 @@
 """Keep the daemon's memory where the RAM tier says it is.
 
-Blocks are 8 MiB ``bytes`` objects made and freed by the thousand, many of them in
-worker threads. With glibc's defaults, each worker thread gets its own malloc arena
+Blocks read from the SSD and shared tiers (and the pieces of random reads) are
+``bytes`` objects, 8 MiB ones made and freed by the thousand, many of them in worker
+threads. (Downloaded blocks land in reused block buffers instead:
+`tierfs.cache.buffers`.) With glibc's defaults, each worker thread gets its own malloc arena
 and freed blocks stay in them (the mmap threshold rises to 32 MiB after the first
 large free), so the resident size grows with the amount of data read, not with
 what is cached: about 966 MiB after reading 4 GiB with a 256 MiB RAM tier,

@@ -17,7 +17,7 @@ import logging
 
 import trio
 
-from tierfs.cache import BlockKey
+from tierfs.cache import BlockKey, Data
 from tierfs.core.background import Spawn
 from tierfs.core.blocks import Blocks
 
@@ -61,7 +61,7 @@ class BlockReader:
         self._ahead = 0
         self._next = -1
         self._prefetched_to = -1
-        self._last: tuple[int, bytes] | None = None
+        self._last: tuple[int, Data] | None = None
         self._first = True
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
@@ -134,7 +134,7 @@ class BlockReader:
             data = await self._block(first)
             start = offset - first * size
             return memoryview(data)[start : start + end - offset]
-        parts: list[bytes] = [b""] * (last - first + 1)
+        parts: list[Data] = [b""] * (last - first + 1)
 
         async def one(i: int) -> None:
             parts[i - first] = await self._block(i)
@@ -146,7 +146,7 @@ class BlockReader:
         start = offset - first * size
         return memoryview(joined)[start : start + end - offset]
 
-    async def _block(self, index: int) -> bytes:
+    async def _block(self, index: int) -> Data:
         self._unread.discard(index)
         if self._last is not None and self._last[0] == index:
             return self._last[1]

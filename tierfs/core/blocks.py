@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import google_crc32c
 import trio
 from cachetools import LRUCache
+from crc32c import crc32c as crc32c_of
 
-from tierfs.cache import BlockKey, Tier
+from tierfs.cache import BlockKey, Data, Tier
+from tierfs.cache.buffers import SPARE as SPARE_BUFFERS
+from tierfs.cache.buffers import BlockBuffers
 from tierfs.cache.ssd import Passthrough
 from tierfs.core.pace import Paces
 from tierfs.core.randomreads import PIECE_BYTES, _RandomReads
@@ -70,7 +72,7 @@ class Memory(Protocol):
 @dataclass
 class _Flight:
     done: trio.Event = field(default_factory=trio.Event)  # the bytes are there (`data`)
-    data: bytes | None = None
+    data: Data | None = None
     settled: trio.Event = field(default_factory=trio.Event)  # ... and stored in every tier
 
 
@@ -98,6 +100,10 @@ class Blocks(_RandomReads):
         self.per_file = max(1, per_file)
         self.check_crc = check_crc
         self.piece_bytes = min(PIECE_BYTES, block_size)
+        # Where downloaded blocks land: aligned, reused (`tierfs.cache.buffers`), as many
+        # kept as the RAM tier holds blocks, and a few.
+        ram_blocks = memory.max_bytes // block_size if memory is not None else 0
+        self.buffers = BlockBuffers(block_size, keep=ram_blocks + SPARE_BUFFERS)
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
         # Where each object's readers are, which its fill keeps pace with.
@@ -128,7 +134,7 @@ class Blocks(_RandomReads):
     def blocks_of(self, size: int) -> int:
         return (size + self.block_size - 1) // self.block_size
 
-    async def get(self, key: BlockKey, object_size: int) -> bytes:
+    async def get(self, key: BlockKey, object_size: int) -> Data:
         """The block's bytes (short for the last block of an object)."""
         while True:
             flight = self._inflight.get(key)
@@ -140,7 +146,7 @@ class Blocks(_RandomReads):
                 return flight.data
             # That fetch failed or was cancelled: try again ourselves.
 
-    async def _fetch(self, key: BlockKey, object_size: int) -> bytes:
+    async def _fetch(self, key: BlockKey, object_size: int) -> Data:
         """From the tiers, else GCS; registered in flight throughout, so that a reader that
         catches up with the prefetcher waits for its read (of the SSD tier too) instead of
         reading the same block file a second time."""
@@ -163,14 +169,14 @@ class Blocks(_RandomReads):
         if flight is not None:
             await flight.settled.wait()
 
-    async def cached(self, key: BlockKey, object_size: int) -> bytes | None:
+    async def cached(self, key: BlockKey, object_size: int) -> Data | None:
         """The block if a tier holds it (or a download of it is under way), else None."""
         data = await self._from_tiers(key)
         if data is None and key in self._inflight:
             return await self.get(key, object_size)
         return data
 
-    async def _from_tiers(self, key: BlockKey) -> bytes | None:
+    async def _from_tiers(self, key: BlockKey) -> Data | None:
         for level, tier in enumerate(self.tiers):
             try:
                 data = await tier.get(key)
@@ -184,7 +190,7 @@ class Blocks(_RandomReads):
                 return data
         return None
 
-    async def _download(self, key: BlockKey, object_size: int, flight: _Flight) -> bytes:
+    async def _download(self, key: BlockKey, object_size: int, flight: _Flight) -> Data:
         """From GCS into every tier; first a tier shared with other nodes may claim the
         download (they wait for our copy) or hand over another node's (we wait for it).
 
@@ -199,15 +205,15 @@ class Blocks(_RandomReads):
         / 637 MB/s; as it is, 515 / 522 / 582 against 502 / 608 / 544: no gain shown."""
         for level, tier in enumerate(self.tiers):
             try:
-                data = await tier.fetching(key)
+                claimed = await tier.fetching(key)
             except Exception as err:
                 self.tier_errors += 1
                 log.warning("%s tier failed to claim %s: %s", tier.name, key, err)
                 continue
-            if data is not None:
+            if claimed is not None:
                 for faster in self.tiers[:level]:
-                    await self._put(faster, key, data)
-                return data
+                    await self._put(faster, key, claimed)
+                return claimed
         try:
             offset = key.index * self.block_size
             length = max(0, min(self.block_size, object_size - offset))
@@ -217,7 +223,11 @@ class Blocks(_RandomReads):
                 async with self.downloads:  # a download slot first, then its memory
                     release = await stack.enter_async_context(self._memory_for(length))
                     data = await self.bucket.read(
-                        key.name, generation=key.generation, offset=offset, length=length
+                        key.name,
+                        generation=key.generation,
+                        offset=offset,
+                        length=length,
+                        into=self.buffers.take,
                     )
                 self.gcs_blocks += 1
                 self.gcs_bytes += len(data)
@@ -263,7 +273,7 @@ class Blocks(_RandomReads):
         finally:
             release(held)
 
-    async def _put(self, tier: Tier, key: BlockKey, data: bytes) -> None:
+    async def _put(self, tier: Tier, key: BlockKey, data: Data) -> None:
         try:
             await tier.put(key, data)
         except Exception as err:
@@ -409,11 +419,11 @@ class Blocks(_RandomReads):
     def filling(self, name: str, generation: int) -> bool:
         return (name, generation) in self._filling
 
-    async def _verify(self, name: str, generation: int, size: int, crc32c: str) -> None:
-        checksum = google_crc32c.Checksum()
+    async def _verify(self, name: str, generation: int, size: int, expected: str) -> None:
+        crc = 0
         for index in range(self.blocks_of(size)):
-            checksum.update(await self.get(BlockKey(name, generation, index), size))
-        if base64.b64encode(checksum.digest()).decode() != crc32c:
+            crc = crc32c_of(await self.get(BlockKey(name, generation, index), size), crc)
+        if base64.b64encode(crc.to_bytes(4, "big")).decode() != expected:
             self.crc_mismatches += 1
             log.error("CRC32C mismatch for gs://%s#%d: cached copy dropped", name, generation)
             for tier in self.tiers:
@@ -435,5 +445,6 @@ class Blocks(_RandomReads):
             "uploads_cached": self.stored_local,
             "tier_errors": self.tier_errors,
             "fill_errors": self.fill_errors,
+            "block_buffers": self.buffers.statistics(),
             "tiers": {tier.name: tier.statistics() for tier in self.tiers},
         }

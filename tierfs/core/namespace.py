@@ -377,7 +377,7 @@ class Namespace:
         body = await self.bucket.read(
             info.name, generation=info.generation, offset=0, length=info.size
         )
-        return body.decode("utf-8", "replace")
+        return bytes(body).decode("utf-8", "replace")
 
     async def _stat(self, name: str) -> ObjectInfo | None:
         if not name:

@@ -15,7 +15,7 @@ a silent overwrite.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -125,6 +125,11 @@ class Upload(Protocol):
         ...
 
 
+Into = Callable[[int], memoryview]
+"""Where a read may put its bytes (`Bucket.read`): called with their length, it returns a
+buffer of that length to fill (a block buffer: `tierfs.cache.buffers`)."""
+
+
 class Bucket(Protocol):
     """One GCS bucket. Safe to call from many trio tasks at once."""
 
@@ -151,10 +156,21 @@ class Bucket(Protocol):
         """
         ...
 
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+    async def read(
+        self,
+        name: str,
+        *,
+        generation: int,
+        offset: int,
+        length: int,
+        into: Into | None = None,
+    ) -> bytes | memoryview:
         """Up to ``length`` bytes at ``offset`` of that generation (short at EOF).
 
-        `NotFound` if that generation is gone (overwritten or deleted).
+        With ``into``, the bytes may be read into the buffer it returns when called with
+        their length (maybe in a worker thread), and that buffer returned (a block buffer:
+        `tierfs.cache.buffers`); else, or where an implementation does not, a new bytes
+        object. `NotFound` if that generation is gone (overwritten or deleted).
         """
         ...
 

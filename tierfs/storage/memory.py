@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover
     google_crc32c = None  # type: ignore[assignment]
 
 from tierfs.errors import NotFound, PreconditionFailed
-from tierfs.storage import STAT_KEYS, Listing, ObjectInfo, check_name, nothing_to_read
+from tierfs.storage import STAT_KEYS, Into, Listing, ObjectInfo, check_name, nothing_to_read
 
 __all__ = ["OPERATIONS", "MemoryBucket"]
 
@@ -212,14 +212,26 @@ class MemoryBucket:
             objects=tuple(objects), prefixes=tuple(prefixes), placeholders=tuple(placeholders)
         )
 
-    async def read(self, name: str, *, generation: int, offset: int, length: int) -> bytes:
+    async def read(
+        self,
+        name: str,
+        *,
+        generation: int,
+        offset: int,
+        length: int,
+        into: Into | None = None,
+    ) -> bytes | memoryview:
         if await nothing_to_read(offset, length):
             return b""
         await self._begin("read", media_reads=1)
         stored = self._counted(lambda: self._generation(name, generation))
         data = stored.data[offset : offset + length]
         self._counters["bytes_read"] += len(data)
-        return data
+        if into is None or not data:
+            return data
+        view = into(len(data))  # (as GCS would: the bytes land in the caller's buffer)
+        view[:] = data
+        return view
 
     async def open_upload(
         self,

@@ -1,0 +1,136 @@
+"""Block buffers: page-aligned mappings that downloaded blocks land in, reused once nothing
+holds them.
+
+Why not a new ``bytes`` object per block, as before: two costs came with it.
+- The SSD tier writes a block with ``O_DIRECT``, which needs its memory aligned (512
+  bytes on the bench VM's disk); a ``bytes`` object's payload never is, so every block
+  was copied into an aligned buffer first: 0.18 CPU-s per GiB of a cold read with a
+  cache dir, on the reader's CPU budget (2 vCPUs: the emulator, the reader and the
+  daemon share them).
+- 8 MiB blocks made and freed by the thousand in the malloc heap left holes that small
+  allocations split, so the next block needed fresh memory: 22-33 MiB of a 296 MiB heap
+  free but held in random reads with a cache dir (glibc's ``malloc_stats``), the RSS
+  over its goal.
+
+A mapping is taken for a download (`BlockBuffers.take`) and handed on as a memoryview: to
+the readers, the RAM tier, the slower tiers. It is reused only when no memoryview of it
+is left anywhere (its reference count is back to the pool's own): a view that lives on
+(a reader's last block, the RAM tier's copy, a write in a worker thread) keeps it out of
+the pool, so a mapping is never refilled under anyone. Holders must not write into a
+view they are given; none does (a block's bytes never change once downloaded).
+
+Idle mappings are kept for reuse (each faulted in once, on huge pages where the kernel
+offers them) while the pool holds at most ``keep`` mappings in all: the RAM tier's
+blocks and `SPARE` more. Beyond that, idle ones are unmapped, so the resident size
+follows what the RAM tier may hold, not the most ever held. (With only a few idle ones
+kept, a RAM tier evicting several blocks at once for a fill's downloads unmapped 68 of
+98 mappings in a cold read of 1 GiB, each made again and faulted in.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+import threading
+from typing import Any
+
+SPARE = 4  # mappings kept beyond the RAM tier's blocks (downloads, readers' last blocks)
+
+
+class _BlockMap(mmap.mmap):
+    """A mapping of `BlockBuffers` (so a view of one can be told from any other buffer)."""
+
+
+def _refs(maps: list[_BlockMap], index: int) -> int:
+    return sys.getrefcount(maps[index])
+
+
+def _idle_refs() -> int:
+    """The reference count `_refs` sees for a mapping only the pool holds (measured, not
+    assumed: it depends on the interpreter)."""
+    probe: list[Any] = [object()]
+    return _refs(probe, 0)
+
+
+class BlockBuffers:
+    """Aligned block-sized mappings, each reused once no view of it is left."""
+
+    def __init__(self, block_size: int, keep: int = SPARE) -> None:
+        self.block_size = block_size
+        self.keep = keep
+        self._maps: list[_BlockMap] = []
+        self._idle = _idle_refs()
+        self._lock = threading.Lock()  # downloads take buffers in worker threads
+        self.made = 0  # mappings made
+        self.reused = 0  # takes answered with a mapping made before
+        self.unmapped = 0  # idle mappings beyond `spare`, given back to the kernel
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def take(self, length: int) -> memoryview:
+        """A writable view of ``length`` bytes (at most a block) at the start of a mapping
+        nothing else holds. The caller fills it and hands it on; it is not reused while
+        any view of it lives."""
+        if not 0 < length <= self.block_size:
+            raise ValueError(f"a block buffer holds 1 to {self.block_size} bytes, not {length}")
+        with self._lock:
+            found = self._reusable()
+            if found is None:
+                found = _BlockMap(-1, self.block_size, flags=mmap.MAP_PRIVATE)  # (shared: no THP)
+                if hasattr(mmap, "MADV_HUGEPAGE"):
+                    found.madvise(mmap.MADV_HUGEPAGE)
+                self._maps.append(found)
+                self.made += 1
+            else:
+                self.reused += 1
+            return memoryview(found)[:length]  # (made under the lock: held from here)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "mapped": len(self._maps),
+            "made": self.made,
+            "reused": self.reused,
+            "unmapped": self.unmapped,
+        }
+
+    def trim(self) -> int:
+        """Unmap idle mappings beyond ``keep``; how many are left in use or idle."""
+        with self._lock:
+            self._reusable()
+            return len(self._maps)
+
+    def _reusable(self) -> _BlockMap | None:
+        """An idle mapping (the most recently made), after unmapping the oldest idle ones
+        while more than ``keep`` are mapped (one is kept to answer)."""
+        maps, idle = self._maps, self._idle
+        spare = [i for i in range(len(maps)) if _refs(maps, i) == idle]
+        extra = min(len(spare) - 1, len(maps) - self.keep)
+        for index in reversed(spare[: max(0, extra)]):
+            maps.pop(index).close()
+            self.unmapped += 1
+        for index in range(len(maps) - 1, -1, -1):
+            if _refs(maps, index) == idle:
+                return maps[index]
+        return None
+
+
+def pooled(data: object) -> bool:
+    """Whether ``data`` is a view of a block buffer: kept as it is, not copied, by a tier
+    that must own what it keeps (any other buffer may change under it)."""
+    return isinstance(data, memoryview) and isinstance(data.obj, _BlockMap)
+
+
+def address_aligned(data: memoryview, align: int) -> bool:
+    """Whether ``data`` starts at a multiple of ``align`` in memory (False for read-only
+    buffers such as ``bytes``, whose address cannot be asked for: theirs is not aligned
+    anyway)."""
+    try:
+        start = ctypes.c_char.from_buffer(data)
+    except (TypeError, ValueError):
+        return False
+    try:
+        return ctypes.addressof(start) % align == 0
+    finally:
+        del start
