@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import os
 import re
 import stat
@@ -20,7 +21,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfs.cache import BlockKey
+from tierfs.cache import BlockKey, PieceKey
+from tierfs.cache import ram as ram_module
 from tierfs.cache.buffers import SPARE, BlockBuffers, pooled
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
@@ -1164,3 +1166,78 @@ async def test_blocks_land_in_buffers_reused_within_the_ram_tier() -> None:
     numbers = blocks.statistics()["block_buffers"]
     assert numbers["made"] <= 8 + SPARE
     assert numbers["reused"] >= 32 - 8 - SPARE
+
+
+async def test_idle_buffers_make_way_for_what_else_the_ram_tier_holds() -> None:
+    """Pieces of random reads (bytes) that fill the RAM tier leave no room for block
+    buffers: those its blocks were in, evicted for the pieces, are unmapped, not kept
+    beside them (the daemon's memory stays the tier's size)."""
+    bucket = MemoryBucket(BUCKET)
+    data = os.urandom(32 * BLOCK)
+    info = await bucket.write_bytes("big", data, if_generation_match=0)
+    ram = RamTier(8 * BLOCK)
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    for index in range(6):
+        await blocks.get(BlockKey("big", info.generation, index), len(data))
+    assert ram.statistics()["pooled_bytes"] == 6 * BLOCK
+    assert ram.buffer_room(BLOCK) == 8  # (blocks in buffers leave their room to buffers)
+    piece = blocks.piece_bytes
+    for offset in range(16 * BLOCK, 24 * BLOCK, piece):  # 8 blocks' worth of pieces
+        key = BlockKey("big", info.generation, offset // BLOCK)
+        got = await blocks.read_random(key, offset, 100, len(data))
+        assert got == data[offset : offset + 100]
+    numbers = ram.statistics()
+    assert numbers["pooled_bytes"] == 0 and numbers["used_bytes"] == 8 * BLOCK
+    assert ram.buffer_room(BLOCK) == 0
+    assert blocks.statistics()["block_buffers"]["mapped"] <= SPARE
+
+
+@pytest.mark.parametrize("downloads", [3, math.inf])
+async def test_without_a_ram_tier_as_many_buffers_are_kept_as_downloads_run(
+    downloads: float,
+) -> None:
+    """No RAM tier: downloads still land in buffers, and as many idle ones are kept as
+    downloads may run at once, so parallel downloads do not map fresh ones each time."""
+    bucket = MemoryBucket(BUCKET)
+    data = os.urandom(12 * BLOCK)
+    info = await bucket.write_bytes("big", data, if_generation_match=0)
+    blocks = Blocks(bucket, [], block_size=BLOCK, downloads=trio.CapacityLimiter(downloads))
+    got: list[bytes] = []
+    held: list[object] = []  # a round's blocks, all in use at once, then let go together
+
+    async def one(index: int) -> None:
+        block = await blocks.get(BlockKey("big", info.generation, index), len(data))
+        held.append(block)
+        got.append(bytes(block))
+
+    for round_ in range(4):
+        async with trio.open_nursery() as nursery:
+            for index in range(3 * round_, 3 * round_ + 3):
+                nursery.start_soon(one, index)
+        held.clear()
+    assert sorted(got) == sorted(data[i * BLOCK : (i + 1) * BLOCK] for i in range(12))
+    assert blocks.statistics()["block_buffers"]["made"] == 3
+
+
+async def test_heap_memory_given_up_for_buffers_goes_back_to_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pieces (heap memory) evicted to make room for block buffers: once
+    `HEAP_GIVE_BACK_BYTES` of them are gone, the heap's free pages are handed back; pieces
+    evicted for pieces are not (the heap reuses them)."""
+    calls: list[int] = []
+    monkeypatch.setattr(ram_module, "give_back_heap", lambda: calls.append(1) or True)
+    block = 4 * MiB
+    size = ram_module.HEAP_GIVE_BACK_BYTES * 2
+    ram = RamTier(size)
+    piece = 64 * 1024
+    for index in range(2 * size // piece):  # pieces evicting pieces: nothing to give back
+        ram.put_piece(PieceKey("p", 1, index * piece), os.urandom(piece))
+    assert calls == []
+    pool = BlockBuffers(block)
+    for index in range(ram_module.HEAP_GIVE_BACK_BYTES // block):
+        await ram.put(BlockKey("b", 1, index), pool.take(block))
+    assert calls == [1]
+    for index in range(size // block):  # buffers evicting buffers: nothing either
+        await ram.put(BlockKey("c", 1, index), pool.take(block))
+    assert len(calls) == 2  # (the second half of the pieces, evicted by the first of these)

@@ -153,7 +153,8 @@ def test_downloads_reuse_as_many_buffers_as_the_ram_tier_holds(
         drop_page_cache()
         assert (mount.path / "ckpt").read_bytes() == data
         numbers = stats(mount)["data"]["block_buffers"]
-        assert numbers["made"] <= 4 + 4, numbers  # 4 blocks in the RAM tier, 4 spare
+        # 4 blocks in the RAM tier; the rest: downloads under way, the reader's last block
+        assert numbers["made"] <= 8, numbers
         assert numbers["reused"] >= 12 - 8, numbers
         if extra:
             drop_page_cache()

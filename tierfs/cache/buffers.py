@@ -20,11 +20,14 @@ the pool, so a mapping is never refilled under anyone. Holders must not write in
 view they are given; none does (a block's bytes never change once downloaded).
 
 Idle mappings are kept for reuse (each faulted in once, on huge pages where the kernel
-offers them) while the pool holds at most ``keep`` mappings in all: the RAM tier's
-blocks and `SPARE` more. Beyond that, idle ones are unmapped, so the resident size
-follows what the RAM tier may hold, not the most ever held. (With only a few idle ones
-kept, a RAM tier evicting several blocks at once for a fill's downloads unmapped 68 of
-98 mappings in a cold read of 1 GiB, each made again and faulted in.)
+offers them) while the pool holds at most ``keep`` mappings in all: as many blocks as
+the RAM tier has room for beside the other memory it holds (and `SPARE` more). Beyond
+that, idle ones are unmapped, so the resident size follows what the RAM tier may hold,
+not the most ever held. (With only a few idle ones kept, a RAM tier evicting several
+blocks at once for a fill's downloads unmapped 68 of 98 mappings in a cold read of 1
+GiB, each made again and faulted in; with the RAM tier's whole size kept whatever it
+held, the daemon reached 390 MiB in random reads with a cache dir, idle mappings beside
+a RAM tier full of pieces.)
 """
 
 from __future__ import annotations
@@ -33,9 +36,14 @@ import ctypes
 import mmap
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
-SPARE = 4  # mappings kept beyond the RAM tier's blocks (downloads, readers' last blocks)
+# Idle mappings kept beyond the RAM tier's room: none. Each idle one is memory beside a
+# RAM tier full of other things (random reads without a cache dir, daemon VmHWM: 4 kept,
+# 354-386 MiB; 1 kept, 354-360; none, 350); a cold read still maps no more than the
+# RAM tier's blocks (30 mappings for 128 blocks, none made twice).
+SPARE = 0
 
 
 class _BlockMap(mmap.mmap):
@@ -56,9 +64,9 @@ def _idle_refs() -> int:
 class BlockBuffers:
     """Aligned block-sized mappings, each reused once no view of it is left."""
 
-    def __init__(self, block_size: int, keep: int = SPARE) -> None:
+    def __init__(self, block_size: int, keep: int | Callable[[], int] = SPARE) -> None:
         self.block_size = block_size
-        self.keep = keep
+        self._keep = keep
         self._maps: list[_BlockMap] = []
         self._idle = _idle_refs()
         self._lock = threading.Lock()  # downloads take buffers in worker threads
@@ -95,21 +103,32 @@ class BlockBuffers:
             "unmapped": self.unmapped,
         }
 
+    @property
+    def keep(self) -> int:
+        """How many mappings, in use or idle, the pool keeps at most (asked each time
+        where ``keep`` is a function: the RAM tier's room changes)."""
+        return self._keep() if callable(self._keep) else self._keep
+
     def trim(self) -> int:
-        """Unmap idle mappings beyond ``keep``; how many are left in use or idle."""
+        """Unmap idle mappings beyond ``keep``; how many are left in use or idle. Called
+        when the RAM tier takes memory that is not a block buffer (a piece, a block read
+        from a slower tier), which leaves less room for buffers: idle ones would
+        otherwise stay mapped beside it until the next download."""
         with self._lock:
-            self._reusable()
+            self._reusable(answer=False)
             return len(self._maps)
 
-    def _reusable(self) -> _BlockMap | None:
+    def _reusable(self, *, answer: bool = True) -> _BlockMap | None:
         """An idle mapping (the most recently made), after unmapping the oldest idle ones
-        while more than ``keep`` are mapped (one is kept to answer)."""
+        while more than ``keep`` are mapped (with ``answer``, one is kept to answer)."""
         maps, idle = self._maps, self._idle
         spare = [i for i in range(len(maps)) if _refs(maps, i) == idle]
-        extra = min(len(spare) - 1, len(maps) - self.keep)
+        extra = min(len(spare) - int(answer), len(maps) - self.keep)
         for index in reversed(spare[: max(0, extra)]):
             maps.pop(index).close()
             self.unmapped += 1
+        if not answer:
+            return None
         for index in range(len(maps) - 1, -1, -1):
             if _refs(maps, index) == idle:
                 return maps[index]
@@ -134,3 +153,26 @@ def address_aligned(data: memoryview, align: int) -> bool:
         return ctypes.addressof(start) % align == 0
     finally:
         del start
+
+
+def give_back_heap() -> bool:
+    """Hand the malloc heap's free pages back to the kernel (glibc's ``malloc_trim(0)``;
+    elsewhere nothing): for memory the RAM tier held outside block buffers (pieces, blocks
+    read from slower tiers) and gave up for buffers, which the heap would keep otherwise.
+    Whether it gave any back."""
+    trim = _malloc_trim()
+    return bool(trim is not None and trim(0))
+
+
+def _malloc_trim() -> Any:
+    global _TRIM
+    if _TRIM is False:
+        try:
+            _TRIM = ctypes.CDLL(None).malloc_trim
+            _TRIM.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _TRIM = None
+    return _TRIM
+
+
+_TRIM: Any = False  # glibc's malloc_trim, once looked up (None: there is none)

@@ -44,6 +44,7 @@ log = logging.getLogger("tierfs.blocks")
 __all__ = ["DOWNLOAD_COPIES", "PIECE_BYTES", "Blocks", "Memory"]
 
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
+NO_RAM_BUFFERS = 64  # block buffers kept without a RAM tier, if downloads are unbounded
 
 
 # How many times the RAM tier counts a block while it downloads. The download itself is
@@ -67,6 +68,8 @@ class Memory(Protocol):
     def release(self, nbytes: int) -> None: ...
 
     def demote(self, key: BlockKey) -> None: ...
+
+    def buffer_room(self, block_size: int) -> int: ...
 
 
 @dataclass
@@ -101,9 +104,8 @@ class Blocks(_RandomReads):
         self.check_crc = check_crc
         self.piece_bytes = min(PIECE_BYTES, block_size)
         # Where downloaded blocks land: aligned, reused (`tierfs.cache.buffers`), as many
-        # kept as the RAM tier holds blocks, and a few.
-        ram_blocks = memory.max_bytes // block_size if memory is not None else 0
-        self.buffers = BlockBuffers(block_size, keep=ram_blocks + SPARE_BUFFERS)
+        # kept as the RAM tier has room for, and a few.
+        self.buffers = BlockBuffers(block_size, keep=self._buffers_kept)
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
         # Where each object's readers are, which its fill keeps pace with.
@@ -124,6 +126,13 @@ class Blocks(_RandomReads):
         self.fill_errors = 0  # background fills that failed (not counting changed objects)
         self.read_ahead = 0  # blocks a sequential reader's read-ahead asked for
         self.read_ahead_unread = 0  # ... that its open file closed without reading
+
+    def _buffers_kept(self) -> int:
+        """Block buffers to keep mapped: as many as the RAM tier has room for; without one,
+        as many as downloads may run at once (each needs one, then lets it go)."""
+        if self.memory is None:
+            return int(min(self.downloads.total_tokens, NO_RAM_BUFFERS))
+        return self.memory.buffer_room(self.block_size) + SPARE_BUFFERS
 
     def went_past(self, key: BlockKey) -> None:
         """A sequential reader has gone past this block: the RAM tier evicts it first, before
@@ -187,6 +196,8 @@ class Blocks(_RandomReads):
             if data is not None:
                 for faster in self.tiers[:level]:
                     await self._put(faster, key, data)
+                if level:
+                    self.buffers.trim()  # (the RAM tier took other memory: see `trim`)
                 return data
         return None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tierfs.cache import BlockKey, PieceKey, Tier
+from tierfs.cache import BlockKey, Data, PieceKey, Tier
 
 if TYPE_CHECKING:  # a part of Blocks, sharing its state
     from typing import Any as _Base
@@ -30,6 +30,7 @@ log = logging.getLogger("tierfs.blocks")
 # 6,229 IOPS with no GCS request (`benchmarks` rand, plain, same machine). A larger read
 # still fetches all the pieces it spans in one request.
 PIECE_BYTES = 16 << 10
+RANGE_IN_BUFFER_BYTES = 256 << 10  # a random read's range at least this large: see `_fetch_range`
 
 
 class _RandomReads(_Base):
@@ -106,7 +107,7 @@ class _RandomReads(_Base):
 
     async def _fetch_range(
         self, name: str, generation: int, offset: int, length: int, object_size: int
-    ) -> bytes:
+    ) -> Data:
         """A random read's bytes, in whole *pieces* (`PIECE_BYTES`, aligned), with one
         ranged GCS read of the pieces it spans, kept in the tiers that keep pieces (RAM),
         so that the next touch of the same region needs no request (`_kept`). (A block is
@@ -122,16 +123,25 @@ class _RandomReads(_Base):
         first, end = offset - offset % piece, min(offset + length, object_size)
         starts = range(first, end, piece)
         last = min(starts[-1] + piece, object_size)
+        # A large range lands in a block buffer (reused), not in a new bytes object that
+        # is freed once its pieces are copied out: such transients, 1 MiB each between
+        # the 16 KiB pieces that stay, left the heap fragmented (random 1 MiB reads).
+        big = RANGE_IN_BUFFER_BYTES <= last - first <= self.block_size
         data = await self.bucket.read(
-            name, generation=generation, offset=first, length=last - first
+            name,
+            generation=generation,
+            offset=first,
+            length=last - first,
+            into=self.buffers.take if big else None,
         )
         self.gcs_ranges += 1
         self.gcs_bytes += len(data)
         for start in starts:
-            part = data[start - first : start - first + piece]
+            part = bytes(data[start - first : start - first + piece])  # (kept: a copy)
             if len(part) == min(piece, object_size - start):  # never keep a short answer
                 for tier in self.tiers:
                     tier.put_piece(PieceKey(name, generation, start), part)
+        self.buffers.trim()  # (the RAM tier took other memory: see `BlockBuffers.trim`)
         return data[offset - first : end - first]
 
     def _piece(self, key: PieceKey) -> bytes | None:
