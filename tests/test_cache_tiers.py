@@ -1150,16 +1150,25 @@ async def test_both_tiers_keep_a_block_buffer_as_it_is_and_copy_other_buffers(
         assert await tier.get(pooled_key) is view
 
 
+async def big_object_over_ram(
+    object_blocks: int, ram_blocks: int
+) -> tuple[bytes, int, RamTier, Blocks]:
+    """An object of ``object_blocks`` blocks ("big") in a bucket, read through a RAM tier of
+    ``ram_blocks``: (its bytes, its generation, the tier, the blocks)."""
+    bucket = MemoryBucket(BUCKET)
+    data = os.urandom(object_blocks * BLOCK)
+    info = await bucket.write_bytes("big", data, if_generation_match=0)
+    ram = RamTier(ram_blocks * BLOCK)
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    return data, info.generation, ram, blocks
+
+
 async def test_blocks_land_in_buffers_reused_within_the_ram_tier() -> None:
     """Downloaded blocks are block buffers; reading 4 times what the RAM tier holds maps no
     more buffers than its blocks and the spare ones, and every block reads back right."""
-    bucket = MemoryBucket(BUCKET)
-    data = os.urandom(32 * BLOCK)
-    info = await bucket.write_bytes("big", data, if_generation_match=0)
-    ram = RamTier(8 * BLOCK)
-    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    data, generation, _, blocks = await big_object_over_ram(32, 8)
     for index in range(32):
-        block = await blocks.get(BlockKey("big", info.generation, index), len(data))
+        block = await blocks.get(BlockKey("big", generation, index), len(data))
         assert pooled(block)
         assert block == data[index * BLOCK : (index + 1) * BLOCK]
     del block
@@ -1172,18 +1181,14 @@ async def test_idle_buffers_make_way_for_what_else_the_ram_tier_holds() -> None:
     """Pieces of random reads (bytes) that fill the RAM tier leave no room for block
     buffers: those its blocks were in, evicted for the pieces, are unmapped, not kept
     beside them (the daemon's memory stays the tier's size)."""
-    bucket = MemoryBucket(BUCKET)
-    data = os.urandom(32 * BLOCK)
-    info = await bucket.write_bytes("big", data, if_generation_match=0)
-    ram = RamTier(8 * BLOCK)
-    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    data, generation, ram, blocks = await big_object_over_ram(32, 8)
     for index in range(6):
-        await blocks.get(BlockKey("big", info.generation, index), len(data))
+        await blocks.get(BlockKey("big", generation, index), len(data))
     assert ram.statistics()["pooled_bytes"] == 6 * BLOCK
     assert ram.buffer_room(BLOCK) == 8  # (blocks in buffers leave their room to buffers)
     piece = blocks.piece_bytes
     for offset in range(16 * BLOCK, 24 * BLOCK, piece):  # 8 blocks' worth of pieces
-        key = BlockKey("big", info.generation, offset // BLOCK)
+        key = BlockKey("big", generation, offset // BLOCK)
         got = await blocks.read_random(key, offset, 100, len(data))
         assert got == data[offset : offset + 100]
     numbers = ram.statistics()
