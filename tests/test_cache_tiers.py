@@ -1246,3 +1246,18 @@ async def test_heap_memory_given_up_for_buffers_goes_back_to_the_kernel(
     for index in range(size // block):  # buffers evicting buffers: nothing either
         await ram.put(BlockKey("c", 1, index), pool.take(block))
     assert len(calls) == 2  # (the second half of the pieces, evicted by the first of these)
+
+
+async def test_a_reservation_cancelled_while_the_heap_is_given_back_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`reserve` gives the heap back after taking its room: a cancel then must not leave
+    that room held by no one (its caller releases only what `reserve` returned for)."""
+    monkeypatch.setattr(ram_module, "give_back_heap", lambda: True)
+    ram = RamTier(8 * MiB)
+    ram._heap_freed = ram_module.HEAP_GIVE_BACK_BYTES
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await ram.reserve(MiB)
+        ram.release(MiB)
+    assert ram.statistics()["reserved_bytes"] == 0

@@ -72,7 +72,7 @@ class BlockBuffers:
         self._lock = threading.Lock()  # downloads take buffers in worker threads
         self.made = 0  # mappings made
         self.reused = 0  # takes answered with a mapping made before
-        self.unmapped = 0  # idle mappings beyond `spare`, given back to the kernel
+        self.unmapped = 0  # idle mappings beyond ``keep``, given back to the kernel
 
     def __len__(self) -> int:
         return len(self._maps)

@@ -215,7 +215,10 @@ class RamTier:
         if self._heap_freed < HEAP_GIVE_BACK_BYTES:
             return
         self._heap_freed = 0
-        await trio.to_thread.run_sync(give_back_heap)
+        # Shielded: `reserve` has taken its room by now, and a cancel here would leave
+        # that reservation to no one (its caller releases only once `reserve` returns).
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(give_back_heap)
 
     async def discard(self, name: str, generation: int | None = None) -> None:
         keys = self._blocks.by_name.get(name, ())

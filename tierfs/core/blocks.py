@@ -104,7 +104,7 @@ class Blocks(_RandomReads):
         self.check_crc = check_crc
         self.piece_bytes = min(PIECE_BYTES, block_size)
         # Where downloaded blocks land: aligned, reused (`tierfs.cache.buffers`), as many
-        # kept as the RAM tier has room for, and a few.
+        # kept as the RAM tier has room for (`_buffers_kept`).
         self.buffers = BlockBuffers(block_size, keep=self._buffers_kept)
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
