@@ -152,3 +152,16 @@ def test_a_held_view_keeps_its_bytes_whatever_is_taken_and_dropped(
             held.pop(which % len(held))
         for kept_tag, view in held:
             assert bytes(view[:1]) == bytes([kept_tag % 256])
+
+
+def test_take_within_refuses_once_keep_buffers_are_in_use() -> None:
+    """`take_within` answers None (read into bytes instead) when ``keep`` buffers are all
+    held, and a buffer again once one is let go."""
+    pool = BlockBuffers(BLOCK, keep=2)
+    first, second = pool.take_within(BLOCK), pool.take_within(BLOCK)
+    assert first is not None and second is not None
+    assert pool.take_within(BLOCK) is None
+    assert pool.statistics()["refused"] == 1
+    del first
+    again = pool.take_within(BLOCK)
+    assert again is not None and len(pool) == 2

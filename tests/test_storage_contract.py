@@ -1092,3 +1092,13 @@ async def test_a_read_into_a_block_buffer(bucket: Bucket) -> None:
     )
     assert past == b""
     assert len(asked) == 3
+
+
+async def test_a_read_whose_buffer_is_refused_makes_bytes(bucket: Bucket) -> None:
+    """``into`` answering None: the read makes a new bytes object, the same bytes."""
+    data = os.urandom(300 * KiB)
+    info = await bucket.write_bytes("obj", data, if_generation_match=0)
+    got = await bucket.read(
+        "obj", generation=info.generation, offset=3, length=100 * KiB, into=lambda n: None
+    )
+    assert isinstance(got, bytes) and got == data[3 : 3 + 100 * KiB]

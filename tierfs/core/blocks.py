@@ -238,7 +238,7 @@ class Blocks(_RandomReads):
                         generation=key.generation,
                         offset=offset,
                         length=length,
-                        into=self.buffers.take,
+                        into=self.buffers.take_within,
                     )
                 self.gcs_blocks += 1
                 self.gcs_bytes += len(data)

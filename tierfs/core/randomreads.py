@@ -132,7 +132,7 @@ class _RandomReads(_Base):
             generation=generation,
             offset=first,
             length=last - first,
-            into=self.buffers.take if big else None,
+            into=self.buffers.take_within if big else None,
         )
         self.gcs_ranges += 1
         self.gcs_bytes += len(data)

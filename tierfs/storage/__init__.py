@@ -125,9 +125,10 @@ class Upload(Protocol):
         ...
 
 
-Into = Callable[[int], memoryview]
+Into = Callable[[int], memoryview | None]
 """Where a read may put its bytes (`Bucket.read`): called with their length, it returns a
-buffer of that length to fill (a block buffer: `tierfs.cache.buffers`)."""
+buffer of that length to fill (a block buffer: `tierfs.cache.buffers`), or None (then
+the read makes a new bytes object)."""
 
 
 class Bucket(Protocol):

@@ -84,8 +84,9 @@ class _Reads(_Base):
                 # http.client (no zero-filled buffer first, no copy after: those two were
                 # a third of the daemon's CPU in a cold 1 GiB read).
                 wanted = min(int(declared), length)
-                if into is not None and wanted > 0:
-                    return _receive_into(response, into(wanted))
+                view = into(wanted) if into is not None and wanted > 0 else None
+                if view is not None:
+                    return _receive_into(response, view)
                 data: bytes = response.raw.read(wanted, decode_content=False)
                 if len(data) < wanted:  # the connection ended early: never a short block
                     raise requests.ConnectionError(f"short read: {len(data)} of {wanted} bytes")

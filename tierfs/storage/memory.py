@@ -230,6 +230,8 @@ class MemoryBucket:
         if into is None or not data:
             return data
         view = into(len(data))  # (as GCS would: the bytes land in the caller's buffer)
+        if view is None:
+            return data
         view[:] = data
         return view
 
