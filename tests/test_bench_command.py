@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import shared_restore
 from benchmarks.__main__ import _command
-from benchmarks.data import NotApplicable
+from benchmarks.data import NotApplicable, WrongBytes, check_small, equal
 from benchmarks.runner import cell_order
 from benchmarks.saves import commit
 
@@ -78,3 +78,23 @@ def test_the_readme_benchmarks_intro_is_the_one_the_readme_command_writes() -> N
     text = readme.README.read_text(encoding="utf-8")
     section = text.split(readme.BEGIN, 1)[1].split(readme.END, 1)[0]
     assert section.startswith("\n" + readme.INTRO), "README.md and benchmarks/readme.py differ"
+
+
+@pytest.mark.parametrize("got_type", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize("want_type", [bytes, memoryview])
+def test_read_checks_compare_every_kind_of_buffer_exactly(got_type: type, want_type: type) -> None:
+    """`equal` takes the memcmp path for each pair of buffer kinds (bytes against a view
+    once went element by element, inside a timed loop): it must still answer right."""
+    data = bytes(range(256)) * 16
+    other = data[:-1] + b"\x00"
+
+    def make(kind: type, raw: bytes) -> bytes | bytearray | memoryview:
+        return memoryview(bytearray(raw)) if kind is memoryview else kind(raw)
+
+    want = make(want_type, data)
+    assert equal(make(got_type, data), want)
+    assert not equal(make(got_type, other), want)
+    assert not equal(make(got_type, data[:-1]), want)
+    check_small("read", 0, make(got_type, data), want)
+    with pytest.raises(WrongBytes, match=r"first difference at \+4095"):
+        check_small("read", 0, make(got_type, other), want)
