@@ -5,9 +5,9 @@ of a cached object is one ``pread``, and handing it to a thread costs more than 
 read. Measured on the 2-vCPU bench VM: ``trio.to_thread.run_sync`` of one 4 KiB
 ``pread`` takes 218 us, the ``pread`` itself 2 us from the page cache and about 80 us
 from the disk; opening and closing the data file around it adds 10 us. So a part is
-read here, first with ``RWF_NOWAIT`` (served only from the page cache, never blocks),
-then, for a part of at most `INLINE_BYTES`, with a plain ``pread`` that may wait for
-the local disk as long as one read takes. Larger parts, and descriptors that cannot be
+read here: a part of at most `INLINE_BYTES` with a plain ``pread`` that may wait for
+the local disk as long as one read takes; a larger one only if the page cache holds it
+(``RWF_NOWAIT``: never blocks). Other larger parts, and descriptors that cannot be
 opened, fall back to the worker thread (`tierfs.cache.ssd_read`).
 
 Descriptors are kept per data file (at most `MAX_OPEN`, least recently used closed
@@ -60,21 +60,23 @@ class PartFiles:
                 return None
         else:
             self._fds.move_to_end(obj)
+        if length <= INLINE_BYTES:
+            # Read here whether cached or not: asking "cached?" first (RWF_NOWAIT) only
+            # added a failing syscall and an exception before the same read.
+            data = os.pread(fd, length, offset)
+            return data if len(data) == length else None
+        if not self._nowait:
+            return None
         buf = bytearray(length)
-        got = -1
-        if self._nowait:
-            try:
-                got = os.preadv(fd, [buf], offset, _NOWAIT)
-            except BlockingIOError:
-                got = -1
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                self._nowait = False  # this file system cannot say "not cached"
-        if got < 0:
-            if length > INLINE_BYTES:
-                return None
-            got = os.preadv(fd, [buf], offset)
+        try:
+            got = os.preadv(fd, [buf], offset, _NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            self._nowait = False  # this file system cannot say "not cached"
+            return None
         return bytes(buf) if got == length else None
 
     def close(self, obj: str) -> None:
