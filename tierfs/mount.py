@@ -212,7 +212,10 @@ async def _serve_mounted(
 ) -> None:
     mountpoint = config.mountpoint
     core = settings.filesystem(config, uid=os.getuid(), gid=os.getgid())
-    background, kernel = Background(), PyfuseKernel()
+    # (A /dev/fd/N mountpoint was mounted by someone else, maybe where this daemon cannot
+    # see it: no directories read through it, `tierfs.core.prefill`.)
+    readable = None if fuse_fd(mountpoint) is not None else os.path.abspath(mountpoint)
+    background, kernel = Background(), PyfuseKernel(readable)
     try:
         chain = await tiers(config, trio.CapacityLimiter(8), background)
     except OSError as err:

@@ -175,7 +175,8 @@ def render_statistics(data: dict[str, Any]) -> str:
     if dirs is not None:
         lines.append(
             f"listings    served {dirs['listings_served']}   opens {dirs['opens']}   "
-            f"kept by the kernel {dirs['kept']}   listed ahead {dirs.get('listed_ahead', 0)}"
+            f"kept by the kernel {dirs['kept']}   listed ahead {dirs.get('listed_ahead', 0)}   "
+            f"read for the kernel {dirs.get('prefilled', 0)}"
         )
     direct = data.get("passthrough", {})
     if direct.get("enabled"):

@@ -14,7 +14,11 @@ import errno
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
+
+BUSY_WAIT_S = 1.0  # how long `unmount` tries again a mount found busy
+BUSY_RETRY_S = 0.05
 
 
 class MountError(Exception):
@@ -121,12 +125,21 @@ def check_before_mount(mountpoint: str) -> None:
 
 
 def unmount(mountpoint: str, *, lazy: bool = False) -> None:
-    """Unmount with fusermount3 (umount as a fallback for root); one-line errors."""
+    """Unmount with fusermount3 (umount as a fallback for root); one-line errors.
+
+    A mount found busy is tried again for up to `BUSY_WAIT_S`: the daemon itself may
+    hold one of its directories open for a moment (`tierfs.core.prefill` reads one
+    through the mount after a burst of stats), which is no user's open file."""
     command = ["fusermount3", "-u", *(["-z"] if lazy else []), mountpoint]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode == 0:
-        return
-    message = (result.stderr.strip().splitlines() or ["failed"])[-1]
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while True:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            return
+        message = (result.stderr.strip().splitlines() or ["failed"])[-1]
+        if "busy" not in message.lower() or time.monotonic() >= deadline:
+            break
+        time.sleep(BUSY_RETRY_S)
     if os.geteuid() == 0:
         fallback = subprocess.run(
             ["umount", *(["-l"] if lazy else []), mountpoint],

@@ -31,10 +31,13 @@ log = logging.getLogger("tierfs.fs")
 class Directories(_Base):
     """opendir/readdir/releasedir, mkdir and rmdir."""
 
-    def opendir(self, ino: int) -> int:
+    def opendir(self, ino: int, *, prefill: bool = False) -> int:
+        """A handle for listing ``ino``; ``prefill``: the daemon's own read through the mount
+        (`tierfs.core.prefill`), which lists nothing ahead and is no walker's."""
         inode = self._dir(ino)
-        self.dir_counts["opens"] += 1
-        return self.dirs.add(DirHandle(self.dirs.next_number(), inode)).fh
+        if not prefill:
+            self.dir_counts["opens"] += 1
+        return self.dirs.add(DirHandle(self.dirs.next_number(), inode, prefill=prefill)).fh
 
     def kernel_may_keep_listing(self, fh: int) -> bool:
         """Whether the kernel may keep the listing it cached of this handle's directory
@@ -59,8 +62,9 @@ class Directories(_Base):
         """Entries from offset ``start``: (name, inode, next offset)."""
         handle = self.dirs[fh]
         if handle.entries is None or start == 0:
-            self.dir_counts["listings_served"] += 1
-            handle.entries = await self._list(handle.inode)
+            if not handle.prefill:
+                self.dir_counts["listings_served"] += 1
+            handle.entries = await self._list(handle.inode, prefill=handle.prefill)
         return [
             (name, inode, index)
             for index, (name, inode) in enumerate(handle.entries[start:], start + 1)
@@ -78,14 +82,14 @@ class Directories(_Base):
             if inode.staged is not None or inode.local_only or inode.file_move is not None
         ]
 
-    async def _list(self, directory: Inode) -> list[tuple[str, Inode]]:
+    async def _list(self, directory: Inode, *, prefill: bool = False) -> list[tuple[str, Inode]]:
         """The entries of a directory: GCS's listing merged with what this mount knows. With
         write-back, a directory not made here is remembered with the names listed, for the
         metadata TTL from when the listing was sent (`OwnedDirs.listed`), so that the rmdir
         `rm -rf` makes after removing them needs no listing of its own."""
         count = self.owned.watch(directory.path)
         try:
-            entries, sent_s = await self._list_entries(directory)
+            entries, sent_s = await self._list_entries(directory, prefill)
         finally:
             unchanged = self.owned.unwatch(directory.path, count)
         ttl_s = self.settings.metadata_ttl_s
@@ -94,9 +98,14 @@ class Directories(_Base):
             self.owned.listed(directory.path, (name for name, _ in entries), until_s)
         return entries
 
-    async def _list_entries(self, directory: Inode) -> tuple[list[tuple[str, Inode]], float | None]:
+    async def _list_entries(
+        self, directory: Inode, prefill: bool = False
+    ) -> tuple[list[tuple[str, Inode]], float | None]:
         """`_list`'s entries, and when their listing was sent (None: while renames move
-        objects, a listing is not one directory's whole answer)."""
+        objects, a listing is not one directory's whole answer). A ``prefill`` lists
+        nothing ahead (its directory's subdirectories were listed with it already), and
+        only answers from a listing made ahead or kept, never from a request of its own."""
+        walker = not prefill and not self.pending_moves
         # What is local, or being deleted, before GCS is asked: an upload or a delete that
         # ends while the listing is on its way is not in the answer (it was sent before),
         # so the state from before the request counts too. (Measured: a listing stalled 3 s
@@ -115,14 +124,16 @@ class Directories(_Base):
             old = await self.names.list_dir(source, fresh=True)
         listing = None
         if old is None and not self.names.kept(directory.path):
-            if not self.pending_moves:
+            if walker:
                 self._list_ahead_of_walker(directory)
             listing = await self._listed_ahead(directory.path)
             if listing is not None:
                 self.names.keep(directory.path, listing)
         if listing is None:
+            if prefill and (old is not None or not self.names.kept(directory.path)):
+                return [], None  # nothing fresh to tell the kernel: not worth a GCS request
             listing = await self.names.list_dir(directory.path, fresh=old is not None)
-        if not self.pending_moves:  # (a walker's next readdirs)
+        if walker:  # (a walker's next readdirs)
             self._walks.listed(directory.path, listing.dirs)
             if listing.dirs:
                 self._list_ahead(directory.path, listing.dirs)

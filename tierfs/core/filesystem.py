@@ -57,6 +57,7 @@ from tierfs.core.namespace import (
 )
 from tierfs.core.owned import OwnedDirs
 from tierfs.core.passthrough import Backings
+from tierfs.core.prefill import DirPrefill
 from tierfs.core.renames import Renames
 from tierfs.core.uploader import Uploader
 from tierfs.core.uploads import LARGE_UPLOADS, CacheCopies, Uploads
@@ -227,6 +228,8 @@ class Filesystem(
         self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
         self._ahead = ListedAhead(settings.metadata_ttl_s)  # answers for a walker's readdirs
         self._walks = Walks()  # which to list ahead of a warm walker
+        keeps_names = settings.entry_timeout_s > 0  # (the kernel caches names it learns)
+        self.prefill = DirPrefill(self.kernel, self.background, keeps_names, self._ahead_holds)
         self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,

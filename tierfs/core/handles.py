@@ -33,6 +33,7 @@ class DirHandle:
     fh: int
     inode: Inode
     entries: list[tuple[str, Inode]] | None = None
+    prefill: bool = False  # the daemon's own read through the mount (`tierfs.core.prefill`)
 
 
 H = TypeVar("H", FileHandle, DirHandle)

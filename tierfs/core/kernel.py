@@ -1,9 +1,10 @@
 """What the core asks of the kernel, without knowing FUSE.
 
-Two things reach past the daemon into the kernel: telling it to drop a name it caches
-(an implied directory that vanished with its last object), and FUSE passthrough's
+Three things reach past the daemon into the kernel: telling it to drop a name it caches
+(an implied directory that vanished with its last object), FUSE passthrough's
 table of backing files (the kernel reads a sealed SSD-tier file, or writes a
-write-back file's staged file, itself). The FUSE adapter implements this
+write-back file's staged file, itself), and reading a directory through the mount so
+that the kernel learns all its names (`tierfs.core.prefill`). The FUSE adapter implements this
 (`tierfs.fuse.kernel.PyfuseKernel`, pyfuse3's calls) and says at INIT whether the
 kernel agreed to passthrough; core tests use `NoKernel`. Passing it in at
 construction keeps pyfuse3 out of the core.
@@ -38,6 +39,17 @@ class Kernel(Protocol):
         """Release an id from `backing_open`. Raises OSError."""
         ...
 
+    @property
+    def reads_dirs(self) -> bool:
+        """`read_dir` may work: the mountpoint is a path this daemon can open."""
+        ...
+
+    def read_dir(self, path: str) -> int:
+        """Read the directory ``path`` (relative to the mount) through the mount, so that
+        the kernel asks this daemon for its entries and caches them; how many it read.
+        Blocking: from a worker thread only. Raises OSError (or ValueError)."""
+        ...
+
 
 class NoKernel:
     """No kernel behind the core (tests over `MemoryBucket`): nothing cached, no passthrough."""
@@ -51,4 +63,9 @@ class NoKernel:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 
     def backing_close(self, backing_id: int) -> None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    reads_dirs = False
+
+    def read_dir(self, path: str) -> int:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))

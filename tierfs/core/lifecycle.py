@@ -38,6 +38,11 @@ class Lifecycle(_Base):
                 **self.dir_counts,
                 "listed_ahead": self._ahead.used,  # readdirs answered by a listing made ahead
                 "listed_ahead_unused": self._ahead.stale,  # too old, or a change came after
+                # Read through the mount for a stat storm (tierfs.core.prefill): directories,
+                # the entries the kernel learned, failed reads.
+                "prefilled": self.prefill.counts["dirs"],
+                "prefilled_entries": self.prefill.counts["entries"],
+                "prefill_failed": self.prefill.counts["failed"],
             },
             "hidden_names": self.names.hidden_names,
             "passthrough": self.backings.statistics(),

@@ -53,6 +53,7 @@ class Lookups(_Base):
         if inode is None:
             raise NotFound(path)
         self.inodes.remember(inode)
+        self.prefill.found(parent.path)
         return inode
 
     def _prefetch_listing(
@@ -96,6 +97,7 @@ class Lookups(_Base):
                 changes = self.names.changes  # (before it is sent: see `ListedAhead`)
                 listing = await self.names.prefetch(dir_path, entries)
                 self._ahead.put(dir_path, listing, changes)
+                self.prefill.listed(dir_path, listing)
                 subdirs = listing.dirs
         except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
             log.debug("metadata prefetch of %r failed: %s", dir_path, err)
@@ -127,6 +129,10 @@ class Lookups(_Base):
                 continue  # (on its way, made here, or kept for the list cache's TTL)
             if not self._ahead.holds(child, now, self.names.changes):
                 self._prefetch_listing(child, children=False, again=True)
+
+    def _ahead_holds(self, dir_path: str) -> bool:
+        """Whether a listing of ``dir_path`` made in the background may answer a readdir now."""
+        return self._ahead.holds(dir_path, self._monotonic_s(), self.names.changes)
 
     async def _listed_ahead(self, dir_path: str) -> DirListing | None:
         """A listing of ``dir_path`` made in the background that may answer a readdir now
@@ -232,6 +238,7 @@ class Lookups(_Base):
                 inode = self._file_inode_now(path, found.info)
         if inode is not None:
             self.inodes.remember(inode)
+            self.prefill.found(parent.path)
         return inode
 
     async def _settle(self, *paths: str, deletes: bool = True) -> None:

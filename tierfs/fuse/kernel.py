@@ -8,16 +8,21 @@ passthrough (`agreed`), and the core reads `passthrough` when it opens a file.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pyfuse3
 
 
 class PyfuseKernel:
-    """Entry invalidation and backing files through the patched pyfuse3 (``deploy/pyfuse3``)."""
+    """Entry invalidation and backing files through the patched pyfuse3 (``deploy/pyfuse3``),
+    and directories read through the mountpoint (``mountpoint``: None when this daemon
+    cannot open it, as when it was handed a ``/dev/fd/N`` someone else mounted)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mountpoint: str | None = None) -> None:
         self._passthrough = False
+        self._mountpoint = mountpoint
+        self._readers: set[int] = set()  # threads in `read_dir` (their kernel thread ids)
 
     @property
     def passthrough(self) -> bool:
@@ -41,3 +46,22 @@ class PyfuseKernel:
 
     def backing_close(self, backing_id: int) -> None:
         pyfuse3.backing_close(backing_id)  # type: ignore[attr-defined]
+
+    @property
+    def reads_dirs(self) -> bool:
+        return self._mountpoint is not None
+
+    def read_dir(self, path: str) -> int:
+        if self._mountpoint is None:
+            raise OSError(f"no mountpoint to read {path!r} through")
+        thread = threading.get_native_id()  # the pid FUSE gives this thread's requests
+        self._readers.add(thread)
+        try:
+            with os.scandir(os.path.join(self._mountpoint, path)) as entries:
+                return sum(1 for _ in entries)
+        finally:
+            self._readers.discard(thread)
+
+    def is_reader(self, pid: int) -> bool:
+        """Whether a request comes from `read_dir` (its opendir: the adapter's question)."""
+        return pid in self._readers

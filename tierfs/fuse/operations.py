@@ -331,8 +331,10 @@ class Operations(pyfuse3.Operations):
     async def opendir(  # type: ignore[override]
         self, inode: int, ctx: pyfuse3.RequestContext
     ) -> int | pyfuse3.FileInfo:
-        fh = self.fs.opendir(inode)
-        if not self.kernel_lists:
+        # The daemon's own read (tierfs.core.prefill). (Core tests call with no context.)
+        prefill = ctx is not None and self.kernel.is_reader(ctx.pid)
+        fh = self.fs.opendir(inode, prefill=prefill)
+        if not self.kernel_lists or prefill:
             return fh
         # The kernel caches the listing (FOPEN_CACHE_DIR) and answers a repeated readdir
         # itself while we let it keep that copy (FOPEN_KEEP_CACHE); its own creates,
