@@ -103,12 +103,21 @@ def test_a_stat_of_one_file_reads_nothing_two_in_64_do(
     assert (numbers["prefilled"], numbers["prefilled_entries"]) == (2, FILES + DIRS)
 
 
-def test_changes_after_a_directory_was_read_for_the_kernel_show(
+@pytest.fixture
+def stormed(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
-) -> None:
+) -> tuple[Mount, dict[str, int]]:
+    """A mount at the defaults that has just been through a stat storm; its files."""
     files = make_dirs(gcs_client, bucket_name, placeholders=True)
     mount = mount_factory()
     storm(mount, files)
+    return mount, files
+
+
+def test_changes_after_a_directory_was_read_for_the_kernel_show(
+    stormed: tuple[Mount, dict[str, int]],
+) -> None:
+    mount, files = stormed
     wait_until(lambda: prefilled(mount) >= DIRS, "every directory read for the kernel")
     (mount.path / "d0" / "new").write_bytes(b"new file")
     os.rename(mount.path / "d0" / "f000", mount.path / "d0" / "moved")
@@ -122,12 +131,8 @@ def test_changes_after_a_directory_was_read_for_the_kernel_show(
     assert listed == sorted([*want, "moved", "new"])
 
 
-def test_unmount_right_after_a_storm_succeeds(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
-) -> None:
-    files = make_dirs(gcs_client, bucket_name, placeholders=True)
-    mount = mount_factory()
-    storm(mount, files)
+def test_unmount_right_after_a_storm_succeeds(stormed: tuple[Mount, dict[str, int]]) -> None:
+    mount, _ = stormed
     result = mount.unmount()  # (the last directory's read may still hold it open)
     assert result.returncode == 0, result.stderr
     assert not mount.is_mounted()
