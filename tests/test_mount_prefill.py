@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from google.cloud import storage
@@ -14,6 +15,8 @@ from google.cloud import storage
 from tests.conftest import MountFactory
 from tests.mounting import Mount, stats, wait_until
 from tests.test_options_forms import CHECKPOINT_LINE
+from tierfs.core.lookups import CHILD_ENTRIES
+from tierfs.core.prefill import ENTRIES_PER_LOOKUP
 
 DIRS = 4
 FILES = 64  # per directory: 2 lookups would do for 64 names (32 entries per lookup)
@@ -136,3 +139,27 @@ def test_unmount_right_after_a_storm_succeeds(stormed: tuple[Mount, dict[str, in
     result = mount.unmount()  # (the last directory's read may still hold it open)
     assert result.returncode == 0, result.stderr
     assert not mount.is_mounted()
+
+
+def test_a_directory_larger_than_the_prefetchs_page_is_read_whole(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """The metadata prefetch lists a subdirectory one page deep (1,000 names): a storm
+    there is one lookup per 32 of those, and the read lists the whole directory."""
+    blobs = gcs_client.bucket(bucket_name)
+    blobs.blob("big/").upload_from_string(b"")
+    names = [f"big/f{i:04}" for i in range(CHILD_ENTRIES + 100)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: blobs.blob(name).upload_from_string(name.encode()), names))
+    blobs.blob("other/").upload_from_string(b"")
+    mount = mount_factory()
+    os.stat(mount.path / "other")  # the root's listing lists big/ ahead, one page of it
+    needed = CHILD_ENTRIES // ENTRIES_PER_LOOKUP + 1
+    for name in names[:needed]:
+        assert os.stat(mount.path / name).st_size == len(name)
+    wait_until(lambda: prefilled(mount) >= 1, "big read for the kernel")
+    looked_up = lookups(mount)
+    for name in reversed(names):  # the last hundred were past the prefetch's page
+        assert os.stat(mount.path / name).st_size == len(name)
+    assert lookups(mount) == looked_up
+    assert stats(mount)["directories"]["prefilled_entries"] >= len(names)

@@ -65,14 +65,13 @@ async def run_prefill(
     events: list[tuple[str, str, int]],
     *,
     kernel: ReadingKernel | None = None,
-    fresh: bool = True,
     keeps_names: bool = True,
 ) -> tuple[ReadingKernel, DirPrefill]:
     """Feed ``events`` ("listed", dir, entries) / ("found", dir, 0) to a `DirPrefill`;
     the kernel and the prefill once every read it started is done."""
     kernel = kernel or ReadingKernel()
     async with trio.open_nursery() as nursery:
-        prefill = DirPrefill(kernel, Background(nursery), keeps_names, lambda path: fresh)
+        prefill = DirPrefill(kernel, Background(nursery), keeps_names)
         for kind, path, entries in events:
             if kind == "listed":
                 prefill.listed(path, listing(entries))
@@ -110,7 +109,6 @@ async def test_a_small_directory_waits_for_two_lookups_and_is_read_once() -> Non
         ("never listed", [("found", "a", 0)] * 100, {}),
         ("one or two names", storm("a", MIN_LOOKUPS, 100), {}),
         ("too large", storm("a", MAX_ENTRIES + 1, MAX_ENTRIES), {}),
-        ("listing no longer fresh", storm("a", 10, 100), {"fresh": False}),
         ("the kernel keeps no names", storm("a", 10, 100), {"keeps_names": False}),
         ("lookups elsewhere", storm("a", 10, 0) + [("found", "b", 0)] * 100, {}),
     ],
@@ -120,17 +118,22 @@ async def test_no_read(what: str, events: list[tuple[str, str, int]], options: d
     assert kernel.read == [], what
 
 
-async def test_a_cut_listing_or_a_mountpoint_it_cannot_read_is_never_watched() -> None:
+async def test_a_cut_listing_counts_as_at_least_its_entries_and_a_blind_mount_reads_none() -> None:
     kernel = ReadingKernel()
     async with trio.open_nursery() as nursery:
-        prefill = DirPrefill(kernel, Background(nursery), True, lambda path: True)
-        prefill.listed("a", listing(10, complete=False))
-        blind = DirPrefill(NoKernel(), Background(nursery), True, lambda path: True)
+        prefill = DirPrefill(kernel, Background(nursery), True)
+        prefill.listed("a", listing(1000, complete=False))  # (the prefetch's one page)
+        blind = DirPrefill(NoKernel(), Background(nursery), True)
         blind.listed("a", listing(10))
-        for _ in range(100):
+        for _ in range(1000 // ENTRIES_PER_LOOKUP):
             prefill.found("a")
             blind.found("a")
-    assert kernel.read == []
+        await settle()
+        assert kernel.read == []  # 31 lookups: fewer than one per 32 of 1,000+ entries
+        prefill.found("a")
+        blind.found("a")
+        await settle()
+    assert kernel.read == ["a"]
 
 
 async def test_reads_that_fail_stop_the_prefill_for_the_mount_with_one_line(
@@ -186,7 +189,7 @@ def test_model_each_read_follows_a_listing_and_enough_lookups_in_it(
 # -- the prefill's own readdir, in the core ----------------------------------------------
 
 
-async def test_the_prefill_readdir_answers_from_the_listing_made_ahead_and_never_asks_gcs(
+async def test_the_prefill_readdir_answers_from_the_listing_made_ahead(
     tmp_path: Path,
 ) -> None:
     bucket = MemoryBucket("prefill")
@@ -217,12 +220,33 @@ async def test_the_prefill_readdir_answers_from_the_listing_made_ahead_and_never
         names = [name for name, _, _ in await fs.readdir(fh, 0)]
         fs.releasedir(fh)
         assert names == [f"f{i:02}" for i in range(40)]
-        clock.now += FRESH_S + 1  # b's listing is too old to answer a readdir now
+        assert bucket.statistics()["lists"] == lists  # (the listing made ahead answered)
+        clock.now += FRESH_S + 1  # b's listing is too old to answer a readdir now: its own
         fh = fs.opendir(dirs["b"].ino, prefill=True)
-        assert await fs.readdir(fh, 0) == []  # the kernel learns nothing, GCS is not asked
+        assert len(await fs.readdir(fh, 0)) == 40
         fs.releasedir(fh)
-        assert bucket.statistics()["lists"] == lists
+        assert bucket.statistics()["lists"] == lists + 1
         numbers = fs.statistics()["directories"]
         assert isinstance(numbers, dict)
         assert (numbers["opens"], numbers["listings_served"]) == (0, 0)  # not the user's
         nursery.cancel_scope.cancel()
+
+
+async def test_the_prefill_readdir_of_a_directory_too_large_answers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tierfs.core.directories.PREFILL_MAX_ENTRIES", 30)
+    bucket = MemoryBucket("prefill")
+    bucket.put("a/", b"")
+    for i in range(40):
+        bucket.put(f"a/f{i:02}", b"x")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path), metadata_ttl_s=60.0, entry_timeout_s=60.0)
+    )
+    a = await fs.lookup(ROOT_INO, "a")
+    fh = fs.opendir(a.ino, prefill=True)
+    assert await fs.readdir(fh, 0) == []  # a listing of 30 was cut: the kernel learns nothing
+    fs.releasedir(fh)
+    fh = fs.opendir(a.ino)  # a user's readdir lists it all
+    assert len(await fs.readdir(fh, 0)) == 40
+    fs.releasedir(fh)

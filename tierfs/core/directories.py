@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from tierfs.core.handles import DirHandle
 from tierfs.core.inodes import Inode, Kind
 from tierfs.core.namespace import DirListing, Found
+from tierfs.core.prefill import MAX_ENTRIES as PREFILL_MAX_ENTRIES
 from tierfs.core.writer import Staged, parse_mtime
 from tierfs.errors import AlreadyExists, NotADirectory, NotEmpty, NotFound, PreconditionFailed
 
@@ -103,8 +104,8 @@ class Directories(_Base):
     ) -> tuple[list[tuple[str, Inode]], float | None]:
         """`_list`'s entries, and when their listing was sent (None: while renames move
         objects, a listing is not one directory's whole answer). A ``prefill`` lists
-        nothing ahead (its directory's subdirectories were listed with it already), and
-        only answers from a listing made ahead or kept, never from a request of its own."""
+        nothing ahead (its directory's subdirectories were listed with it already) and
+        answers nothing for a directory of more than `PREFILL_MAX_ENTRIES` entries."""
         walker = not prefill and not self.pending_moves
         # What is local, or being deleted, before GCS is asked: an upload or a delete that
         # ends while the listing is on its way is not in the answer (it was sent before),
@@ -129,9 +130,15 @@ class Directories(_Base):
             listing = await self._listed_ahead(directory.path)
             if listing is not None:
                 self.names.keep(directory.path, listing)
+        if listing is None and prefill and old is None and not self.names.kept(directory.path):
+            # No listing made ahead answers it (the prefetch's was cut at a page, or is
+            # stale): one of its own, as an ls would make, but of at most MAX_ENTRIES.
+            listing = await self.names.prefetch(directory.path, PREFILL_MAX_ENTRIES)
+            if not listing.complete:
+                return [], None  # too large to teach the kernel whole: nothing
         if listing is None:
-            if prefill and (old is not None or not self.names.kept(directory.path)):
-                return [], None  # nothing fresh to tell the kernel: not worth a GCS request
+            if prefill and old is not None:
+                return [], None  # (a rename is moving it: no time to teach the kernel)
             listing = await self.names.list_dir(directory.path, fresh=old is not None)
         if walker:  # (a walker's next readdirs)
             self._walks.listed(directory.path, listing.dirs)

@@ -229,7 +229,7 @@ class Filesystem(
         self._ahead = ListedAhead(settings.metadata_ttl_s)  # answers for a walker's readdirs
         self._walks = Walks()  # which to list ahead of a warm walker
         keeps_names = settings.entry_timeout_s > 0  # (the kernel caches names it learns)
-        self.prefill = DirPrefill(self.kernel, self.background, keeps_names, self._ahead_holds)
+        self.prefill = DirPrefill(self.kernel, self.background, keeps_names)
         self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,

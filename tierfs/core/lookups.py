@@ -130,10 +130,6 @@ class Lookups(_Base):
             if not self._ahead.holds(child, now, self.names.changes):
                 self._prefetch_listing(child, children=False, again=True)
 
-    def _ahead_holds(self, dir_path: str) -> bool:
-        """Whether a listing of ``dir_path`` made in the background may answer a readdir now."""
-        return self._ahead.holds(dir_path, self._monotonic_s(), self.names.changes)
-
     async def _listed_ahead(self, dir_path: str) -> DirListing | None:
         """A listing of ``dir_path`` made in the background that may answer a readdir now
         (`ListedAhead.take`), after waiting for one on its way."""

@@ -10,28 +10,31 @@ A readdir tells the kernel every entry of a directory with its attributes at onc
 (pyfuse3 answers READDIRPLUS only), and the names it learns are then answered by the
 kernel's dentry cache, with no request at all.
 
-So when lookups keep finding names in a directory whose whole listing the metadata
-prefetch has just brought in, the daemon reads that directory through its own
-mountpoint, from a worker thread (`Kernel.read_dir`). The kernel asks the daemon for
-the entries (answered from that listing, `tierfs.core.listahead`), and the rest of the
-storm's stats there never reach the daemon. Measured (``/tmp`` probe: 10,000 objects in
-100 directories, random order, fresh mount, page cache dropped, the reader itself
-reading each directory first as a stand-in): 12,556-14,954 against 4,176-6,170 stat/s,
-daemon CPU 1.0-1.25 against 1.8-2.7 s.
+So when lookups keep finding names in a directory the metadata prefetch has just
+listed, the daemon reads that directory through its own mountpoint, from a worker
+thread (`Kernel.read_dir`). The kernel asks the daemon for the entries, and the rest of
+the storm's stats there never reach the daemon. Measured (``/tmp`` probe: 10,000 objects
+in 100 directories, stat in random order, fresh mount, page cache dropped): 9,692-11,795
+against 4,176-6,170 stat/s, 764-1,650 LOOKUPs against 10,100, the same 102 GCS listings.
 
 When (`DirPrefill.found`):
 
-* only a listing of the whole directory (not one cut at a page), of at most
-  `MAX_ENTRIES` entries, and only while the kernel keeps names (an entry timeout above
-  0: ``metadata-cache:ttl-secs:0`` makes it ask again at every stat anyway);
+* only after the metadata prefetch listed the directory, and only while the kernel
+  keeps names (an entry timeout above 0: ``metadata-cache:ttl-secs:0`` makes it ask
+  again at every stat anyway);
 * after `MIN_LOOKUPS` lookups found names there, and at least one per
-  `ENTRIES_PER_LOOKUP` entries: a readdir entry costs the daemon a small part of a
-  LOOKUP, so a storm that stops right after costs at most a few times the lookups it
-  made, and one stat of one file never reads a directory of thousands;
-* once per listing, one directory at a time (`READERS`), and only while that listing
-  may still answer a readdir (`tierfs.core.listahead`: fresh, no change made here
-  since): the prefill's readdir never sends a request to GCS of its own, and answers
-  nothing at all if the listing went stale meanwhile.
+  `ENTRIES_PER_LOOKUP` entries of that listing (of a listing cut at a page, the
+  prefetch's 1,000 names of a subdirectory: of that page): a readdir entry costs the
+  daemon a small part of a LOOKUP, so a storm that stops right after costs at most a few
+  times the lookups it made, and one stat of one file never reads a directory of
+  thousands;
+* once per listing, one directory at a time (`READERS`).
+
+The read is answered from the prefetch's listing while that may still answer a readdir
+(`tierfs.core.listahead`: whole, fresh, no change made here since), so it costs GCS
+nothing; otherwise (a page of a larger directory, or stale) the readdir lists the
+directory itself as an ``ls`` would, up to `MAX_ENTRIES`, and answers nothing if there
+are more: the kernel then learns nothing, and the metadata cache holds the names listed.
 
 What the kernel learns is what a lookup of each name would have told it, with the same
 entry and attribute timeouts, and what an ``ls`` of the directory tells it anyway. A
@@ -45,7 +48,6 @@ line. The prefill's own readdir is told apart (by the FUSE adapter:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import trio
 
@@ -57,7 +59,7 @@ log = logging.getLogger("tierfs.fs")
 
 MIN_LOOKUPS = 2  # names found in a directory before it is read through the mount
 ENTRIES_PER_LOOKUP = 32  # and at least one found per this many of its entries
-MAX_ENTRIES = 50_000  # larger directories are never read this way
+MAX_ENTRIES = 50_000  # larger directories teach the kernel nothing
 MAX_WATCHED = 4096  # directories watched at once (the oldest are dropped)
 MAX_FAILURES = 3  # failed reads in a row before the prefill stops for the mount
 READERS = 1  # directories read at once
@@ -67,17 +69,10 @@ class DirPrefill:
     """Counts the lookups that found names in freshly listed directories, and reads a
     directory through the mount once they make a storm (see the module doc)."""
 
-    def __init__(
-        self,
-        kernel: Kernel,
-        background: Background,
-        kernel_keeps_names: bool,
-        fresh: Callable[[str], bool],
-    ) -> None:
+    def __init__(self, kernel: Kernel, background: Background, kernel_keeps_names: bool) -> None:
         self._kernel = kernel
         self._background = background
         self._enabled = kernel_keeps_names  # (an entry timeout above 0)
-        self._fresh = fresh  # a listing of the directory may answer a readdir now
         self._watched: dict[str, list[int]] = {}  # dir path -> [entries, lookups found]
         self._limiter = trio.CapacityLimiter(READERS)
         self._failures = 0
@@ -88,9 +83,9 @@ class DirPrefill:
         """The metadata prefetch listed ``dir_path``: watch it for a storm."""
         watched = self._watched
         watched.pop(dir_path, None)  # (an older listing's count is moot)
-        if self.off or not listing.complete or not self._kernel.reads_dirs:
+        if self.off or not self._kernel.reads_dirs:
             return
-        size = len(listing.files) + len(listing.dirs)
+        size = len(listing.files) + len(listing.dirs)  # (of a cut listing: at least that)
         if size <= MIN_LOOKUPS or size > MAX_ENTRIES or not self._enabled:
             return  # (a directory of one or two names: their lookups are the whole storm)
         if len(watched) >= MAX_WATCHED:
@@ -106,7 +101,7 @@ class DirPrefill:
         if counts[1] < MIN_LOOKUPS or counts[1] * ENTRIES_PER_LOOKUP < counts[0]:
             return
         del self._watched[dir_path]
-        if self._background.running and self._fresh(dir_path):
+        if self._background.running:
             self._background.spawn(self._read, dir_path)
 
     async def _read(self, dir_path: str) -> None:
