@@ -36,13 +36,13 @@ class ReadingKernel(NoKernel):
 
     reads_dirs = True  # type: ignore[assignment]
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: OSError | None = None) -> None:
         self.read: list[str] = []
         self.fail = fail
 
     def read_dir(self, path: str) -> int:
-        if self.fail:
-            raise PermissionError(13, "Permission denied")
+        if self.fail is not None:
+            raise self.fail
         self.read.append(path)
         return 7
 
@@ -141,13 +141,21 @@ async def test_reads_that_fail_stop_the_prefill_for_the_mount_with_one_line(
 ) -> None:
     caplog.set_level(logging.INFO, "tierfs.fs")
     events = [e for d in range(MAX_FAILURES + 2) for e in storm(f"d{d}", 10, 2)]
-    kernel = ReadingKernel(fail=True)
+    kernel = ReadingKernel(fail=PermissionError(13, "Permission denied"))
     _, prefill = await run_prefill(events, kernel=kernel)
     assert prefill.off
     assert prefill.counts["failed"] == MAX_FAILURES
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert len(lines) == 1
     assert "Permission denied" in lines[0].getMessage()
+
+
+async def test_directories_removed_before_their_read_do_not_stop_the_prefill() -> None:
+    events = [e for d in range(MAX_FAILURES + 2) for e in storm(f"d{d}", 10, 2)]
+    kernel = ReadingKernel(fail=FileNotFoundError(2, "No such file or directory"))
+    _, prefill = await run_prefill(events, kernel=kernel)
+    assert not prefill.off
+    assert prefill.counts["failed"] == MAX_FAILURES + 2
 
 
 @settings(max_examples=200, deadline=None)

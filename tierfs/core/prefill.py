@@ -40,9 +40,10 @@ What the kernel learns is what a lookup of each name would have told it, with th
 entry and attribute timeouts, and what an ``ls`` of the directory tells it anyway. A
 mount whose mountpoint the daemon cannot open (mounted by another process through
 ``/dev/fd/N``, in another mount namespace) has no prefill; after `MAX_FAILURES` failed
-reads in a row (the mountpoint gone, a permission) it stops for the mount, with one INFO
-line. The prefill's own readdir is told apart (by the FUSE adapter:
-``PyfuseKernel.is_reader``): it lists nothing ahead and is not a walker's.
+reads in a row (the mountpoint gone, a permission; not a directory removed or replaced
+meanwhile) it stops for the mount, with one INFO line. The prefill's own readdir is told
+apart (by the FUSE adapter: ``PyfuseKernel.is_reader``): it lists nothing ahead and is
+not a walker's.
 """
 
 from __future__ import annotations
@@ -115,8 +116,10 @@ class DirPrefill:
             )
         except (OSError, ValueError) as err:  # (ValueError: a name the OS cannot take)
             self.counts["failed"] += 1
-            self._failures += 1
             log.debug("reading %r through the mount failed: %s", dir_path, err)
+            if isinstance(err, FileNotFoundError | NotADirectoryError):
+                return  # (removed or replaced meanwhile: says nothing of the mountpoint)
+            self._failures += 1
             if self._failures >= MAX_FAILURES and not self.off:  # (reads already under way
                 # fail on their own after this: one line for the mount)
                 self.off = True
