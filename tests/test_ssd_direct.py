@@ -49,11 +49,20 @@ def test_a_payload_reads_back_whole_and_its_aligned_part_skips_the_page_cache(
     assert os.stat(path).st_mode & 0o777 == 0o600
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read_bytes cached it: drop
-        write_payload(path, data, BLOCK, 0o600)  # and write it again
-        if length >= ALIGN:  # directly: the kernel kept no page of it
-            with pytest.raises(BlockingIOError):
+        # Dropping pages is best effort (one run in ~20 here kept the page through a drop
+        # and a direct write): the direct write must leave it uncached in one of 3 tries.
+        cached = []
+        for _ in range(3):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read_bytes cached it: drop
+            write_payload(path, data, BLOCK, 0o600)  # and write it again
+            if length < ALIGN:
+                break
+            try:  # directly: the kernel kept no page of it
                 os.preadv(fd, [bytearray(ALIGN)], BLOCK, os.RWF_NOWAIT)
+            except BlockingIOError:
+                break
+            cached.append(True)
+        assert len(cached) < 3, "the directly written part stayed in the page cache"
     finally:
         os.close(fd)
 
