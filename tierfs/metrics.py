@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -72,6 +72,9 @@ class StatsCollector(Collector):
         yield from _flat("tierfs_metadata_cache", stats.get("metadata_cache", {}), {"entries"})
         yield from _flat(
             "tierfs_writeback", stats.get("writeback", {}), {"pending", "failing", "moving"}
+        )
+        yield from _flat(
+            "tierfs_python_gc", stats.get("python_gc", {}), {"longest_pause_s", "frozen_objects"}
         )
         for key in ("inodes", "open_files"):
             yield GaugeMetricFamily(f"tierfs_{key}", f"tierfs {key}", value=stats.get(key, 0))
@@ -153,6 +156,10 @@ class MetricsServer:
         self.registry.register(
             StatsCollector(lambda: trio.from_thread.run_sync(snapshot, trio_token=token))
         )
+        # prometheus-client's own: the daemon's memory and CPU (process_*), and Python's
+        # collections by generation (python_gc_*), under the names dashboards know.
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._server, self._thread = start_http_server(port, host, registry=self.registry)
         self.port = self._server.server_port
         log.info("Prometheus metrics on http://%s:%d/metrics", host, self.port)

@@ -35,6 +35,7 @@ from tierfs.cache.ssd import SsdTier
 from tierfs.cli.control import Handler, serve_control
 from tierfs.cli.fdmount import check_fd, fuse_fd
 from tierfs.cli.mountpoint import MountError, check_before_mount, set_read_ahead
+from tierfs.collector import freeze_startup
 from tierfs.core.background import Background
 from tierfs.core.blocks import Blocks
 from tierfs.core.filesystem import Filesystem
@@ -254,11 +255,15 @@ async def _serve_mounted(
         except OSError as err:
             ready(f"cannot serve Prometheus metrics on port {port}: {err.strerror or err}")
             return
+    operations.collections.install()
+    # Everything alive now lives as long as the mount: out of every later collection.
+    operations.collections.frozen = freeze_startup()
     try:
         pyfuse3.init(operations, mountpoint, fuse_options(config))
     except RuntimeError as err:
         if metrics is not None:
             metrics.close()
+        operations.collections.remove()
         ready(f"cannot mount {mountpoint}: {err}")
         return
     log.info("mounted gs://%s on %s", config.bucket, mountpoint)
@@ -287,6 +292,7 @@ async def _serve_mounted(
             with trio.CancelScope(shield=True):  # a scrape may be waiting for this thread
                 await trio.to_thread.run_sync(metrics.close)
         fs.close()
+        operations.collections.remove()
         # After a signal we unmount ourselves; after `tierfs unmount` the kernel already has.
         pyfuse3.close(unmount=signalled.is_set())
         log.info("unmounted %s", mountpoint)

@@ -178,6 +178,17 @@ def render_statistics(data: dict[str, Any]) -> str:
             f"kept by the kernel {dirs['kept']}   listed ahead {dirs.get('listed_ahead', 0)}   "
             f"read for the kernel {dirs.get('prefilled', 0)}"
         )
+    collector = data.get("python_gc")
+    if collector is not None:
+        lines.append(
+            "python gc   collections {}   paused {:.3f} s   longest pause {:.1f} ms   "
+            "kept out of collections {}".format(
+                "/".join(map(str, collector["collections"])),
+                collector["paused_s"],
+                collector["longest_pause_s"] * 1e3,
+                collector["frozen_objects"],
+            )
+        )
     direct = data.get("passthrough", {})
     if direct.get("enabled"):
         ssd = blocks["tiers"].get("ssd", {})
