@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-mbs", type=float, default=200.0, help="shaped: MB/s per connection")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--stem", default=None, help="file name stem (default bench-quick/full)")
+    parser.add_argument(
+        "--keep-stats",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep each tierfs mount's `tierfs stats --json` in DIR, named by cell",
+    )
     args = parser.parse_args(argv)
     profiles = _names(args.profiles, PROFILES, "profile")
     systems = _names(args.systems, SYSTEMS, "system")
@@ -85,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         log=log,
         meta_tree="meta" in workloads,
     )
+    env.keep_stats = args.keep_stats
     try:
         env.open()
         assert env.proxy is not None

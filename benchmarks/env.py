@@ -196,6 +196,10 @@ class Env:
         self.meta_dirs: list[str] = []
         self.drop_caches_note = ""
         self.on_daemon: Callable[[int, str], None] | None = None
+        # ``--keep-stats DIR``: each tierfs mount's `tierfs stats --json` is kept there,
+        # taken just before it is unmounted, named after the cell it served (`cell`).
+        self.keep_stats: Path | None = None
+        self.cell = ""
         atexit.register(self.close)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _on_term)

@@ -126,6 +126,7 @@ class Runner:
             self.log(f"{where}: n/a ({reason})")
             return
         system = system_cls(self.env, profile)
+        self.env.cell = f"{profile}-{workload_cls.name}-{system_cls.name}"
         cell = Cell(self.env, system, profile, self.log)
         hung = threading.Event()
         finished = threading.Event()

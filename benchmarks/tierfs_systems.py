@@ -4,6 +4,7 @@ life cycle they answer is `benchmarks.systems.System`'s."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,8 @@ class Tierfs(FuseSystem):
         self.env.pids.update(self.daemon_pids())
 
     def _stop(self, mountpoint: Path) -> None:
+        if self.env.keep_stats is not None:
+            self._keep_stats(mountpoint, self.env.keep_stats)
         result = subprocess.run(
             [TIERFS, "unmount", str(mountpoint)], capture_output=True, text=True, timeout=900
         )
@@ -59,6 +62,22 @@ class Tierfs(FuseSystem):
 
     def daemon_pids(self) -> list[int]:
         return daemon_pids(str(self.mountpoint)) if self.mountpoint is not None else []
+
+    def _keep_stats(self, mountpoint: Path, directory: Path) -> None:
+        """``--keep-stats``: this mount's `tierfs stats --json`, as it is before unmount,
+        in ``directory`` as CELL-N.json (a cell may mount several times). What a cell's
+        number alone cannot say (a fill's bytes, GCS requests, pieces kept) is then there
+        for the run that surprised; a mount that cannot answer leaves a note instead."""
+        directory.mkdir(parents=True, exist_ok=True)
+        stem = self.env.cell or f"{self.profile}-{self.name}"
+        serial = 1
+        while (directory / f"{stem}-{serial}.json").exists():
+            serial += 1
+        result = subprocess.run(
+            [TIERFS, "stats", "--json", str(mountpoint)], capture_output=True, text=True, timeout=60
+        )
+        text = result.stdout if result.returncode == 0 else json.dumps({"error": result.stderr})
+        (directory / f"{stem}-{serial}.json").write_text(text, encoding="utf-8")
 
 
 class TierfsCheckpoint(Tierfs):

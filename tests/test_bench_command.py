@@ -2,12 +2,14 @@
 systems of its own is not `make bench` (one report said so of a targeted run); the order
 cells run in; a save whose directory rename the options refuse is n/a, not an error; and
 the shared-tier benchmark runs; the README's section intro is the one the readme command
-writes; no collection of the bench's own objects pauses a cell."""
+writes; no collection of the bench's own objects pauses a cell; ``--keep-stats`` keeps
+each tierfs mount's statistics."""
 
 from __future__ import annotations
 
 import errno
 import gc
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +22,9 @@ from benchmarks.data import NotApplicable, WrongBytes, check_small, equal
 from benchmarks.runner import Runner, cell_order
 from benchmarks.saves import commit
 from benchmarks.systems import System
+from benchmarks.tierfs_systems import Tierfs
 from benchmarks.workloads import Cell, Metric, Workload
+from tierfs.cli.emulator import Emulator
 
 
 def test_a_report_names_the_make_target_only_for_a_run_made_by_it() -> None:
@@ -133,3 +137,34 @@ def test_read_checks_compare_every_kind_of_buffer_exactly(got_type: type, want_t
     check_small("read", 0, make(got_type, data), want)
     with pytest.raises(WrongBytes, match=r"first difference at \+4095"):
         check_small("read", 0, make(got_type, other), want)
+
+
+@pytest.mark.mount
+def test_keep_stats_keeps_each_mounts_statistics_as_it_was_before_unmount(
+    emulator: Emulator, bucket_name: str, tmp_path: Path
+) -> None:
+    """``--keep-stats DIR``: a mount's `tierfs stats --json` is in DIR once the cell
+    unmounts it, named after the cell, one file per mount (a cell may mount twice), with
+    what the mount did (here: one file read, its bytes from GCS)."""
+    emulator.client().bucket(bucket_name).blob("obj").upload_from_string(b"x" * 5000)
+    env: Any = SimpleNamespace(
+        root=tmp_path / "env",
+        endpoint=lambda profile: emulator.endpoint,
+        pids=set(),
+        on_daemon=None,
+        defer=lambda undo: None,
+        keep_stats=tmp_path / "kept",
+        cell="plain-rand-tierfs",
+    )
+    system = Tierfs(env, "plain")
+    try:
+        for _ in range(2):
+            root = system.mount(bucket_name)
+            assert (root / "obj").read_bytes() == b"x" * 5000
+    finally:
+        system.close()
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert kept == ["plain-rand-tierfs-1.json", "plain-rand-tierfs-2.json"]
+    for name in kept:
+        stats = json.loads((tmp_path / "kept" / name).read_text())
+        assert stats["gcs"]["bytes_read"] >= 5000, stats["gcs"]
