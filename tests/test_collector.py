@@ -1,4 +1,4 @@
-"""`tierfs.collector`: the pauses of Python's collector, timed with an injected clock,
+"""`tierfs.fuse.collector`: the pauses of Python's collector, timed with an injected clock,
 and the freeze of what the daemon made at startup."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import gc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierfs.collector import Collections
+from tierfs.fuse.collector import Collections
 
 
 class Clock:
@@ -81,7 +81,7 @@ def test_freeze_keeps_what_is_alive_out_of_collections() -> None:
 
     code = (
         "import gc, json\n"
-        "from tierfs.collector import freeze_startup\n"
+        "from tierfs.fuse.collector import freeze_startup\n"
         "kept = [[i] for i in range(50_000)]\n"
         "frozen = freeze_startup()\n"
         "print(json.dumps([frozen, len(gc.get_objects())]))\n"

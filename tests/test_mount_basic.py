@@ -85,7 +85,7 @@ def test_stats_count_the_requests_served_by_operation(
 
 
 def test_the_daemon_keeps_its_startup_objects_out_of_python_collections(mount: Mount) -> None:
-    """`tierfs.collector`: the objects the daemon made to set itself up (tens of
+    """`tierfs.fuse.collector`: the objects the daemon made to set itself up (tens of
     thousands: the GCS client's modules, trio, pyfuse3) are out of every collection, so a
     full one no longer pauses every request for 30-44 ms; `tierfs stats` shows the
     collections and their pauses. (Fails when the daemon does not freeze them: 0.)"""

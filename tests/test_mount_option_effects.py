@@ -125,7 +125,7 @@ def test_prometheus_port_serves_the_counters_and_they_move(
     assert after["tierfs_data_gcs_blocks_total"] >= 1  # `tierfs stats`'s data counters
     assert after["gcs_request_count_total"] > before["gcs_request_count_total"]
     # The daemon's own: prometheus-client's process and collector families, and the pauses
-    # of Python's collector (`tierfs.collector`), the startup objects kept out of them.
+    # of Python's collector (`tierfs.fuse.collector`), the startup objects kept out of them.
     assert after["process_resident_memory_bytes"] > 10 << 20
     assert after['python_gc_collections_total{generation="0"}'] >= 1
     assert after["tierfs_python_gc_frozen_objects"] > 10_000

@@ -35,12 +35,12 @@ from tierfs.cache.ssd import SsdTier
 from tierfs.cli.control import Handler, serve_control
 from tierfs.cli.fdmount import check_fd, fuse_fd
 from tierfs.cli.mountpoint import MountError, check_before_mount, set_read_ahead
-from tierfs.collector import freeze_startup
 from tierfs.core.background import Background
 from tierfs.core.blocks import Blocks
 from tierfs.core.filesystem import Filesystem
 from tierfs.core.writeback import Journal
 from tierfs.errors import TierfsError, root_cause
+from tierfs.fuse.collector import freeze_startup
 from tierfs.fuse.kernel import PyfuseKernel
 from tierfs.fuse.operations import Operations
 from tierfs.metrics import MetricsServer

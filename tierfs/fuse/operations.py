@@ -24,12 +24,12 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 
-from tierfs.collector import Collections
 from tierfs.core.filesystem import NEVER_S, Attr, Filesystem
 from tierfs.core.handles import FileHandle
 from tierfs.core.namespace import decode_name, decode_target
 from tierfs.errors import NotFound, errno_of
 from tierfs.fuse.closes import Closes, mount_id
+from tierfs.fuse.collector import Collections
 from tierfs.fuse.interrupts import Interrupts
 from tierfs.fuse.kernel import PyfuseKernel
 from tierfs.fuse.watchdog import InFlight
@@ -207,7 +207,7 @@ class Operations(pyfuse3.Operations):
         # beside the request loop); which of them an INTERRUPT lets go.
         self.inflight = InFlight(fs.settings.slow_request_s, lambda: fs.bucket.last_error)
         self.interrupts = Interrupts(ignore=fs.settings.ignore_interrupts)
-        self.collections = Collections()  # Python's collector's pauses (`tierfs.collector`)
+        self.collections = Collections()  # Python's collector's pauses (`tierfs.fuse.collector`)
         self.kernel_lists = KERNEL_LIST_CACHE and fs.settings.list_ttl_s > 0
         # Asked for at INIT (pyfuse3 reads this attribute) only with an SSD tier to read, or
         # write-back files to write.
