@@ -93,8 +93,8 @@ def test_the_daemon_keeps_its_startup_objects_out_of_python_collections(mount: M
         (mount.path / f"f{i}").write_bytes(b"x")
     collector = stats(mount)["python_gc"]
     assert collector["frozen_objects"] > 10_000, collector
-    young, middle, full = collector["collections"]
-    assert young >= 1 and middle >= 0 and full >= 1, collector  # (the freeze's own, at least)
+    young, _middle, full = collector["collections"]
+    assert young >= 1 and full >= 1, collector  # (the freeze's own full one, at least)
     assert 0 < collector["longest_pause_s"] <= collector["paused_s"], collector
     text = subprocess.run(
         [TIERFS, "stats", str(mount.path)], capture_output=True, text=True, timeout=60
