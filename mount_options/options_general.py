@@ -251,7 +251,7 @@ OPTIONS: tuple[Option, ...] = (
         "metadata-cache:metadata-prefetch-max-workers",
         _I,
         10,
-        "Prefetches running at once.",
+        "Prefetches running at once (one kept for a listing a lookup or readdir waits for).",
         minimum=1,
     ),
     _opt(

@@ -440,6 +440,7 @@ async def test_the_kernel_keeps_its_listing_only_while_ours_is_kept(tmp_path: Pa
         "listings_served": 3,
         "listed_ahead": 0,
         "listed_ahead_unused": 0,
+        "listings_urged": 0,
         "prefilled": 0,  # (no kernel to read a directory through)
         "prefilled_entries": 0,
         "prefill_failed": 0,

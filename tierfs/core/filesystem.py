@@ -59,6 +59,7 @@ from tierfs.core.owned import OwnedDirs
 from tierfs.core.passthrough import Backings
 from tierfs.core.prefill import DirPrefill
 from tierfs.core.renames import Renames
+from tierfs.core.slots import Slots
 from tierfs.core.uploader import Uploader
 from tierfs.core.uploads import LARGE_UPLOADS, CacheCopies, Uploads
 from tierfs.core.writeback import Journal
@@ -230,7 +231,7 @@ class Filesystem(
         self._walks = Walks()  # which to list ahead of a warm walker
         keeps_names = settings.entry_timeout_s > 0  # (the kernel caches names it learns)
         self.prefill = DirPrefill(self.kernel, self.background, keeps_names)
-        self._prefetch_limiter = trio.CapacityLimiter(max(1, settings.metadata_prefetch_workers))
+        self._prefetch_slots = Slots(settings.metadata_prefetch_workers)  # (lookups urge theirs)
         self.metadata = MetadataCache(
             ttl_s=settings.metadata_ttl_s,
             negative_ttl_s=settings.negative_ttl_s,

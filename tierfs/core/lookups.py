@@ -48,6 +48,7 @@ class Lookups(_Base):
             self._prefetch_listing(parent.path)
         listing = self._listing_in_flight.get(parent.path)
         if listing is not None and self.inodes.current(path) is None:
+            self._prefetch_slots.urge(parent.path)  # (before the listings bet on: `Slots`)
             await listing.wait()  # one listing answers this and its siblings: no own requests
         inode = await self._resolve(path)
         if inode is None:
@@ -90,7 +91,7 @@ class Lookups(_Base):
     async def _list_in_background(self, dir_path: str, children: bool, walked: bool) -> None:
         subdirs: tuple[str, ...] = ()
         try:
-            async with self._prefetch_limiter:
+            async with self._prefetch_slots.slot(dir_path):
                 entries = self.settings.metadata_prefetch_entries
                 if not children and not walked:  # maybe never walked: one page at most
                     entries = min(entries, CHILD_ENTRIES) if entries >= 0 else CHILD_ENTRIES
@@ -135,6 +136,7 @@ class Lookups(_Base):
         (`ListedAhead.take`), after waiting for one on its way."""
         in_flight = self._listing_in_flight.get(dir_path)
         if in_flight is not None:
+            self._prefetch_slots.urge(dir_path)
             await in_flight.wait()
         return self._ahead.take(dir_path, self._monotonic_s(), self.names.changes)
 
