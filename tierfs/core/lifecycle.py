@@ -38,8 +38,8 @@ class Lifecycle(_Base):
                 **self.dir_counts,
                 "listed_ahead": self._ahead.used,  # readdirs answered by a listing made ahead
                 "listed_ahead_unused": self._ahead.stale,  # too old, or a change came after
-                # Listings made ahead that a lookup or readdir waited for, run before the
-                # rest (tierfs.core.slots).
+                # Listings made ahead that a lookup or readdir waited for: urged, they ran
+                # before the ones only bet on (tierfs.core.slots).
                 "listings_urged": self._prefetch_slots.urged,
                 # Read through the mount for a stat storm (tierfs.core.prefill): directories,
                 # the entries the kernel learned, failed reads.

@@ -4,11 +4,11 @@ Why not a `trio.CapacityLimiter`: the metadata prefetch lists a directory's subd
 ahead (up to 128 at once, `tierfs.core.lookups`), on the bet that a walker or a stat storm
 comes to them. A limiter queues them first come, first served, so a lookup that needs one
 of them *now* (the first `stat` in a cold bucket of 100 directories) waited for the
-listings queued before its own: 267-329 ms for the first stat, on the emulator, where
-each listing took 4-5 ms, and about 100 / 10 x one listing's time on GCS. A job somebody
-waits for is *urged* here: it runs next, before the bets, and one slot is kept for such
-jobs (when there are two or more), so it starts at once unless every slot already runs
-one.
+listings queued before its own: 233-455 ms for the first stat on the emulator, where each
+listing took 4-5 ms (113-166 ms urged); on GCS, about 100 / 10 x one listing's time. A job
+somebody waits for is *urged* here: it runs next, before the bets, and one slot is kept
+for such jobs (when there are two or more), so it starts at once unless every slot
+already runs one.
 
 Jobs are named (a directory's path); `urge` may come before the job asks for its slot
 (the lookup spawns the prefetch, then waits for it) and is forgotten when that job ends.
@@ -31,7 +31,7 @@ class Slots:
         self.total = max(1, total)
         self._reserve = 1 if self.total > 1 else 0  # slots only urged jobs may take
         self.running = 0
-        self.urged = 0  # urged jobs started (stats)
+        self.urged = 0  # jobs started as urged ones (stats; some would not have waited)
         self._waiting: dict[object, tuple[str, trio.Event]] = {}  # (in arrival order)
         self._urgent: set[str] = set()
 
