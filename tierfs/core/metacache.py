@@ -11,6 +11,11 @@ together, since one lookup answers both questions:
   says a name is a directory); each -1: unlimited, 0: off, accounted in bytes by
   an estimate of each entry's size, LRU first within each.
 
+Each entry carries its expiry, checked when it is read: an expired entry is dropped then,
+or evicted as the least recently used, and `statistics` sweeps before it counts. (Not a
+time-aware cache that expires on every call: a listing stores every entry it names, and
+that cost 4-9 times as much per entry; see `_store`.)
+
 The mount's own changes update it at once (`put`, `forget`), so close-to-open
 holds for this mount whatever the TTL; changes by other clients show once the
 entry expires. An answer from GCS (a stat, a listing) is stored with `put_answer`,
@@ -27,12 +32,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from cachetools import TLRUCache
+from cachetools import Cache, LRUCache
 
 from tierfs.core.namespace import MISSING, Found
 
 ENTRY_OVERHEAD_BYTES = 320  # dict slot, key, tuple, Found and ObjectInfo objects
-_Cache = TLRUCache[str, tuple[Found | None, int]]
+_Entry = tuple[Found | None, int, float]  # what the path is, its size in bytes, expiry
+_Cache = LRUCache[str, _Entry]
 PRUNE_AT = 1024  # changes remembered before `answered` drops those no request needs
 
 
@@ -59,8 +65,9 @@ class MetadataCache:
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
         self.enabled = (max_bytes > 0 or type_max_bytes > 0) and (ttl_s > 0 or negative_ttl_s > 0)
-        self._entries = self._cache(max_bytes, clock)  # files and "nothing there"
-        self._types = self._cache(type_max_bytes, clock)  # directories
+        self._clock = clock
+        self._entries = self._cache(max_bytes)  # files and "nothing there"
+        self._types = self._cache(type_max_bytes)  # directories
         self._caches = (self._entries, self._types)
         self.hits = 0
         self.negative_hits = 0
@@ -73,27 +80,26 @@ class MetadataCache:
         self._touched: dict[str, int] = {}
         self._touched_below: dict[str, int] = {}
 
-    def _cache(self, max_bytes: float, clock: Callable[[], float]) -> _Cache:
-        return TLRUCache(
-            maxsize=max_bytes if max_bytes > 0 else 0,
-            ttu=self._expires,
-            timer=clock,
-            getsizeof=lambda entry: entry[1],
-        )
+    @staticmethod
+    def _cache(max_bytes: float) -> _Cache:
+        return LRUCache(maxsize=max_bytes if max_bytes > 0 else 0, getsizeof=lambda entry: entry[1])
 
-    def _expires(self, _path: str, entry: tuple[Found | None, int], now: float) -> float:
-        return now + (self.ttl_s if entry[0] is not None else self.negative_ttl_s)
+    def _held(self, path: str) -> _Entry | None:
+        """The live entry for ``path`` (an expired one is dropped on the way)."""
+        for cache in self._caches:
+            entry = cache.get(path)
+            if entry is not None:
+                if self._clock() < entry[2]:
+                    return entry
+                del cache[path]
+        return None
 
     def get(self, path: str, *, found_only: bool = False) -> Found | None:
         """The cached result, None for a cached "nothing there", or `MISSING`. With
         ``found_only``, `MISSING` for all but something found, and only that counted (an
         answer at once, `Lookups.lookup_now`: what it cannot use, `get` counts next)."""
-        entry = MISSING
-        if self.enabled:
-            entry = self._entries.get(path, MISSING)
-            if entry is MISSING:
-                entry = self._types.get(path, MISSING)
-        if entry is MISSING or (found_only and entry[0] is None):
+        entry = self._held(path) if self.enabled else None
+        if entry is None or (found_only and entry[0] is None):
             if not found_only:
                 self.misses += 1
             return MISSING
@@ -150,15 +156,23 @@ class MetadataCache:
         self._store(path, found)
 
     def _store(self, path: str, found: Found | None) -> None:
+        """Keep ``found`` for ``path`` in its cache, replacing what either held. Run for
+        every entry of every listing: a dict look-up in the other cache and one set here
+        (`TLRUCache` took two pops and a set, each reading the clock and expiring: 9.5 us
+        an entry cold and 16 warm, against 2.3 and 1.7; a warm ``ls -lR`` of 10,100
+        entries spent 132 ms of its daemon's main thread in this method).
+        """
         ttl = self.ttl_s if found is not None else self.negative_ttl_s
-        for cache in self._caches:
-            cache.pop(path, None)
-        if not self.enabled or ttl <= 0:
-            return
-        cache = self._types if found is not None and found.is_dir else self._entries
+        cache, other = self._caches
+        if found is not None and found.is_dir:
+            cache, other = other, cache
+        if path in other:
+            del other[path]
         size = _entry_bytes(path, found)
-        if size <= cache.maxsize:
-            cache[path] = (found, size)
+        if self.enabled and ttl > 0 and size <= cache.maxsize:
+            cache[path] = (found, size, self._clock() + ttl)
+        elif path in cache:
+            del cache[path]
 
     def forget(self, path: str) -> None:
         self._touch(path)
@@ -183,9 +197,19 @@ class MetadataCache:
             if entry is not None and entry[0] is not None and not entry[0].placeholder:
                 self._types.pop(ancestor, None)
 
-    def statistics(self) -> dict[str, int]:
+    def _expire(self) -> None:
+        """Drop expired entries (else each goes when it is next read, or evicted as the
+        least recently used): what the statistics count is what is live. Without touching
+        the LRU order (`Cache.__getitem__`, not the LRU's own)."""
+        if all(ttl <= 0 or ttl == math.inf for ttl in (self.ttl_s, self.negative_ttl_s)):
+            return  # nothing kept ever expires (the checkpointing line: ttl-secs -1)
+        now = self._clock()
         for cache in self._caches:
-            cache.expire()
+            for path in [p for p in cache if Cache.__getitem__(cache, p)[2] <= now]:
+                del cache[path]
+
+    def statistics(self) -> dict[str, int]:
+        self._expire()
         return {
             "hits": self.hits,
             "negative_hits": self.negative_hits,
