@@ -305,7 +305,8 @@ OPTIONS: tuple[Option, ...] = (
         "file-cache:parallel-downloads-per-file",
         _I,
         16,
-        "Parallel ranged reads per file.",
+        "Parallel ranged reads per file (a fill of a file nobody has open any more goes on"
+        " with at most 4 of them).",
         flag="file-cache-parallel-downloads-per-file",
         minimum=1,
     ),

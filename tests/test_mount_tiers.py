@@ -11,7 +11,7 @@ from pathlib import Path
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import Mount, stats
+from tests.mounting import Mount, stats, wait_until
 
 MiB = 1 << 20
 
@@ -187,6 +187,32 @@ def test_a_fill_keeps_a_slow_readers_pace(
     numbers = stats(mount)["data"]
     assert numbers["fill_paced"] > 0
     assert numbers["tiers"]["ssd"]["bytes_read"] <= 16 * MiB, numbers["tiers"]
+
+
+def test_a_fill_nobody_reads_goes_on_with_a_few_workers(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """A reader that reads an object's first bytes and closes it (a loader reading each
+    shard's header) leaves its fill to go on in the background with `UNREAD_WORKERS`
+    downloads, not all 16, so that it shares the daemon with the other readers; it still
+    brings the whole object into the SSD tier, and a remount reads it from there."""
+    data = os.urandom(64 * MiB)  # 64 blocks of 1 MiB: 16 workers, of which 4 go on unread
+    upload(gcs_client, bucket_name, "shard", data)
+    extra = (f"--cache-dir={tmp_path / 'cache'}", "--ram-cache-block-size-mb=1")
+    mount = mount_factory(*extra)
+    with open(mount.path / "shard", "rb", buffering=0) as handle:
+        assert handle.read(4096) == data[:4096]
+
+    def filled() -> bool:
+        return bool(stats(mount)["data"]["tiers"]["ssd"]["used_bytes"] >= len(data))
+
+    wait_until(filled, "the fill to bring the object in")
+    assert stats(mount)["data"]["fill_unread_waits"] > 0
+    assert mount.unmount().returncode == 0
+    again = mount_factory(*extra, name="again")
+    assert (again.path / "shard").read_bytes() == data
+    assert media_reads(again) == 0
+    assert again.unmount().returncode == 0
 
 
 def test_fills_keep_eight_slow_readers_pace_at_the_defaults(

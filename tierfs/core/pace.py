@@ -20,6 +20,9 @@ such waits as stops, 4 mounts restoring at once ran every fill unpaced and read 
 SSD tiers back 1.2-1.5x; with waits counted and this lead, 0.0-0.17x (a mount alone
 0.12-0.14x, at 500-589 MB/s). A fill without readers (`tierfs prefetch`) and a mount
 without a RAM tier (nothing kept to be evicted) are not paced at all.
+
+`reading` and `readers_back` tell a fill whether its object has readers now: one nobody
+has open goes on with fewer workers (`tierfs.core.blocks.UNREAD_WORKERS`).
 """
 
 from __future__ import annotations
@@ -58,11 +61,28 @@ class Paces:
         self._block_size = block_size
         self._copies = copies  # how many times a block is held while it is downloaded
         self._paces: dict[Job, _Pace] = {}
+        self._back: dict[Job, trio.Event] = {}  # fills' workers waiting for readers to come
         self.waits = 0  # fill downloads held back to keep their readers' pace
         self.stops = 0  # times a fill went on unpaced: its readers stopped for `PACE_WAIT_S`
 
     def opened(self, job: Job) -> None:
         self._paces.setdefault(job, _Pace()).readers += 1
+        back = self._back.pop(job, None)
+        if back is not None:
+            back.set()
+
+    def reading(self, job: Job) -> bool:
+        """Whether the object has readers now (open files reading it)."""
+        return job in self._paces
+
+    async def readers_back(self, job: Job) -> None:
+        """Until the object has a reader again (`opened`)."""
+        if job not in self._paces:
+            await self._back.setdefault(job, trio.Event()).wait()
+
+    def done(self, job: Job) -> None:
+        """The object's fill ended: nothing waits for its readers any more."""
+        self._back.pop(job, None)
 
     def at(self, job: Job, index: int) -> None:
         """A reader asked for block ``index``: a fill held behind it may go on. Any read
