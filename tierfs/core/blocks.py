@@ -9,8 +9,9 @@ mount are bounded by one limiter (``file-cache:max-parallel-downloads``).
 
 `BlockReader` (`tierfs.core.blockreader`) serves one open file's reads from it.
 A whole object fill (`fill`) brings an object into the cache with
-``parallel-downloads-per-file`` workers; ``enable-crc`` checks the CRC32C of a whole
-object so fetched against the one GCS keeps, and drops the cached blocks on a mismatch.
+``parallel-downloads-per-file`` workers (`UNREAD_WORKERS` while nobody has the object
+open); ``enable-crc`` checks the CRC32C of a whole object so fetched against the one GCS
+keeps, and drops the cached blocks on a mismatch.
 
 Tiers never call GCS; a tier that fails is logged and counted as a miss.
 """
