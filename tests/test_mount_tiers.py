@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
@@ -189,16 +190,28 @@ def test_a_fill_keeps_a_slow_readers_pace(
     assert numbers["tiers"]["ssd"]["bytes_read"] <= 16 * MiB, numbers["tiers"]
 
 
+@pytest.mark.parametrize(
+    ("size_mib", "blocks"),
+    [(384, ()), (64, ("--ram-cache-block-size-mb=1",))],
+    ids=["defaults", "1-MiB-blocks"],
+)
 def test_a_fill_nobody_reads_goes_on_with_a_few_workers(
-    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    size_mib: int,
+    blocks: tuple[str, ...],
 ) -> None:
     """A reader that reads an object's first bytes and closes it (a loader reading each
     shard's header) leaves its fill to go on in the background with `UNREAD_WORKERS`
     downloads, not all 16, so that it shares the daemon with the other readers; it still
-    brings the whole object into the SSD tier, and a remount reads it from there."""
-    data = os.urandom(64 * MiB)  # 64 blocks of 1 MiB: 16 workers, of which 4 go on unread
+    brings the whole object into the SSD tier, and a remount reads it from there. More
+    blocks than workers: 48 of 8 MiB at the defaults (the first 16 start while the reader
+    still has the object open, and it may still have it when they end), 64 of 1 MiB."""
+    data = os.urandom(size_mib * MiB)
     upload(gcs_client, bucket_name, "shard", data)
-    extra = (f"--cache-dir={tmp_path / 'cache'}", "--ram-cache-block-size-mb=1")
+    extra = (f"--cache-dir={tmp_path / 'cache'}", *blocks)
     mount = mount_factory(*extra)
     with open(mount.path / "shard", "rb", buffering=0) as handle:
         assert handle.read(4096) == data[:4096]

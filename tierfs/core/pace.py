@@ -18,7 +18,7 @@ random) it goes on unpaced until they read again (readers starved of CPU for a s
 reader waiting for its block has not stopped, however long the block takes: counting
 such waits as stops, 4 mounts restoring at once ran every fill unpaced and read their
 SSD tiers back 1.2-1.5x; with waits counted and this lead, 0.0-0.17x (a mount alone
-0.12-0.14x, at 500-589 MB/s). A fill without readers (`tierfs prefetch`) and a mount
+0.12-0.14x, at 500-589 MB/s). A fill without readers (they closed the object) and a mount
 without a RAM tier (nothing kept to be evicted) are not paced at all.
 
 `reading` and `readers_back` tell a fill whether its object has readers now: one nobody
