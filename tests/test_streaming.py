@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from google.cloud import storage
 
 from tests.conftest import MountFactory
@@ -128,6 +129,86 @@ async def test_a_stream_that_made_its_object_but_lost_the_answer_is_not_a_confli
             with pytest.raises(PreconditionFailed):
                 await fs.release(handle.fh)
             assert bucket.get("ckpt") == b"another client's bytes"
+        nursery.cancel_scope.cancel()
+    fs.close()
+
+
+class _GatedUploads(MemoryBucket):
+    """A bucket whose streaming uploads take no chunk until ``gate`` is set: a writer
+    faster than GCS fills the stream's queue and then waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__("s")
+        self.gate = trio.Event()
+
+    async def open_upload(self, name: str, **kwargs: Any) -> Any:
+        upload = await super().open_upload(name, **kwargs)
+        write = upload.write
+
+        async def gated(data: bytes) -> None:
+            await self.gate.wait()
+            await write(data)
+
+        upload.write = gated
+        return upload
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("ends_it", ["another descriptor's close", "a truncate"])
+async def test_a_write_waiting_on_a_full_stream_reaches_the_object(
+    tmp_path: Path, ends_it: str
+) -> None:
+    """A write waiting for room in the stream's queue was counted as sent: a close of
+    another descriptor (a reader's, an fsync) then finished the stream without it, marked
+    the file clean, and the waiting write failed although its bytes were in the file. The
+    object lacked them for good. Also when a truncate abandons the stream meanwhile."""
+    bucket = _GatedUploads()
+    settings = Settings(temp_dir=str(tmp_path), max_streams=2, stream_chunk_bytes=MiB)
+    fs = Filesystem(bucket, settings)
+    piece = 128 * 1024
+    # The sender holds the first piece, the queue the next 8, and the 10th, the last,
+    # waits: 1.25 MiB, past one chunk, so a close finishes the stream.
+    data = os.urandom(10 * piece)
+    failures: list[BaseException] = []
+    written = trio.Event()
+    async with trio.open_nursery() as nursery:
+        fs.background = Background(nursery)
+        handle, inode = await fs.create(ROOT_INO, "ckpt", os.O_RDWR)
+        stream = inode.stream
+        assert stream is not None
+
+        async def writer() -> None:
+            for start in range(0, len(data), piece):
+                try:
+                    await fs.write(handle.fh, start, data[start : start + piece])
+                except Exception as err:  # each write's outcome is kept
+                    failures.append(err)
+            written.set()
+
+        async def close_another() -> None:
+            other = await fs.open(inode.ino, os.O_RDONLY)
+            await fs.flush(other.fh)
+            await fs.release(other.fh)
+
+        nursery.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not written.is_set() and inode.staged is not None
+        assert inode.staged.size == len(data)  # every write is in the file
+        expected = data
+        if ends_it == "a truncate":
+            expected = data[: len(data) // 2]
+            await fs.setattr(inode.ino, size=len(expected))
+            assert inode.stream is None
+        else:
+            nursery.start_soon(close_another)
+            await trio.testing.wait_all_tasks_blocked()
+        bucket.gate.set()
+        with trio.fail_after(10):
+            await written.wait()
+            await trio.testing.wait_all_tasks_blocked()
+        await fs.release(handle.fh)
+        assert bucket.get("ckpt") == expected
+        assert failures == []
         nursery.cancel_scope.cancel()
     fs.close()
 

@@ -38,6 +38,8 @@ class Stream:
     def __init__(self, upload: Upload, max_pending: int) -> None:
         self.upload = upload
         self.offset = 0  # bytes accepted so far == where the next in-order write starts
+        # Bytes in the queue or sent: less than ``offset`` while a writer waits for room.
+        self.queued = 0
         self.failed: BaseException | None = None
         self._send, self._receive = trio.open_memory_channel[bytes](max(1, max_pending))
         self._sent = trio.Event()
@@ -63,8 +65,19 @@ class Stream:
         if self._ended or self.failed is not None or offset != self.offset:
             return False
         self.offset += len(data)
-        await self._send.send(bytes(data))
+        try:
+            await self._send.send(bytes(data))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            # Ended while this write waited for room (a truncate, or a close that found the
+            # stream behind the file): the write is in the staged file, and only there.
+            return False
+        self.queued += len(data)
         return True
+
+    def holds(self, size: int) -> bool:
+        """Whether the stream has every byte of a file of ``size`` queued or sent (not
+        while a write of it still waits for room in the queue)."""
+        return self.queued == self.offset == size
 
     async def finish(self) -> ObjectInfo:
         """Everything written is sent: make the object (raises what the upload raised)."""

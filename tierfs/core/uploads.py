@@ -144,7 +144,7 @@ class Uploads(_Base):
                 # Nothing was sent yet: one plain upload is cheaper than finishing a
                 # resumable session (and the emulator honours its precondition).
                 await stream.abort()
-            elif stream.offset == staged.size and not staged.clobbered:
+            elif stream.holds(staged.size) and not staged.clobbered:
                 try:
                     info = await stream.finish()
                 except PreconditionFailed:
