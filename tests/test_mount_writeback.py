@@ -161,6 +161,28 @@ def test_kill_9_before_upload_then_remount_uploads_every_closed_file(
     assert third.errors() == []
 
 
+def test_a_log_renamed_while_open_keeps_its_bytes_across_a_kill_9(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Log rotation: a file in GCS, appended to, renamed while still open, then the daemon
+    killed. The rename journals the delete of the old object, so it must journal the
+    file's bytes under the new name too: before, the next mount deleted ``app.log`` and
+    dropped the unrecorded data file, and the log was gone under both names."""
+    gcs_client.bucket(bucket_name).blob("app.log").upload_from_string(b"old lines\n")
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    mount = mount_factory("--write-back", HOLD, cache)
+    log = open(mount.path / "app.log", "ab")  # closed after the kill
+    log.write(b"new lines\n")
+    log.flush()
+    os.rename(mount.path / "app.log", mount.path / "app.log.1")
+    kill_daemon(mount)
+    with contextlib.suppress(OSError):
+        log.close()
+    again = mount_factory("--write-back", cache, name="mnt")
+    assert objects(gcs_client, bucket_name) == {"app.log.1": b"old lines\nnew lines\n"}
+    assert again.errors() == []
+
+
 def test_tmp_then_rename_commits_are_local_before_upload(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
 ) -> None:

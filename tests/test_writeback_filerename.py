@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from tests.test_writeback import Crash, CrashingBucket, settle, write_new
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
 from tierfs.core.writeback import Journal
-from tierfs.errors import NotFound
+from tierfs.errors import AccessDenied, BackendError, NotFound
 from tierfs.storage.memory import MemoryBucket
 
 pytestmark = pytest.mark.trio
@@ -258,3 +260,81 @@ async def test_a_crash_while_the_renamed_file_was_uploading_is_finished_by_the_n
     recovered = await journal.recover(bucket, trio.to_thread.run_sync)
     assert recovered.uploaded == ["y.tmp"] and len(recovered.moves) == 1
     assert {n: bucket.get(n) for n in bucket.names()} == {"y": b"y" * 700}
+
+
+async def test_a_file_renamed_while_open_with_changes_survives_a_crash(tmp_path: Path) -> None:
+    """Log rotation's rename: a file in GCS, open and written, renamed before its close,
+    then the daemon killed. The delete of the old object is journaled with the rename; the
+    file's bytes must be too, under the new name, or the next mount deletes the old object
+    and drops the data file that had no record: the file gone under both names."""
+    bucket = MemoryBucket("wb")
+    bucket.put("app.log", b"old lines\n")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    inode = await fs.lookup(ROOT_INO, "app.log")
+    handle = await fs.open(inode.ino, os.O_WRONLY)
+    await fs.write(handle.fh, 10, b"new lines\n")
+    await fs.rename(ROOT_INO, "app.log", ROOT_INO, "app.log.1")
+    fs.close()  # kill -9: no close, no upload
+    journal = Journal(tmp_path / "cache", "wb")  # the next mount
+    await journal.recover(bucket, trio.to_thread.run_sync)
+    assert {n: bucket.get(n) for n in bucket.names()} == {"app.log.1": b"old lines\nnew lines\n"}
+
+
+async def test_a_rename_over_a_file_waiting_for_its_upload_survives_a_crash(
+    tmp_path: Path,
+) -> None:
+    """The tmp-then-rename commit over a file whose own upload had not run yet, then the
+    daemon killed: the replaced file's record must go with it, or the next mount uploads
+    it and then finds the renamed file's upload in conflict with it (kept aside, the old
+    bytes in GCS)."""
+    bucket = MemoryBucket("wb")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    await write_new(fs, "step", b"step 1")  # committed; no uploader runs
+    await write_new(fs, "step.tmp", b"step 2")
+    await fs.rename(ROOT_INO, "step.tmp", ROOT_INO, "step")
+    fs.close()  # kill -9
+    journal = Journal(tmp_path / "cache", "wb")
+    await journal.recover(bucket, trio.to_thread.run_sync)
+    assert {n: bucket.get(n) for n in bucket.names()} == {"step": b"step 2"}
+    assert not journal.conflicts_dir.exists() or not any(journal.conflicts_dir.iterdir())
+
+
+class _CopiesRefused(MemoryBucket):
+    """A bucket that refuses every copy (a role without ``storage.objects.create`` on the
+    new name, or GCS down), until ``refuse`` is False."""
+
+    def __init__(self) -> None:
+        super().__init__("wb")
+        self.refuse = True
+
+    async def copy(self, *args: Any, **kwargs: Any) -> Any:
+        if self.refuse:
+            await trio.lowlevel.checkpoint()
+            raise AccessDenied("copy denied")
+        return await super().copy(*args, **kwargs)
+
+
+async def test_a_change_behind_a_move_that_keeps_failing_fails_rather_than_waits(
+    make_fs: Callable[[MemoryBucket], Filesystem], autojump_clock: trio.testing.MockClock
+) -> None:
+    """A create at the new name of a file whose background move keeps failing waited for
+    the move, retried for ever: it hung for good. It now fails with the move's error once
+    two attempts in a row failed, and works once the move does."""
+    bucket = _CopiesRefused()
+    bucket.put("a", b"a")
+    fs = make_fs(bucket)
+    await fs.lookup(ROOT_INO, "a")
+    await fs.rename(ROOT_INO, "a", ROOT_INO, "b")
+    with trio.fail_after(600), pytest.raises(BackendError, match="copy denied"):
+        await fs.setattr((await fs.lookup(ROOT_INO, "b")).ino, size=0)
+    bucket.refuse = False
+    deadline = time.monotonic() + 30  # (real time: the move ends in worker threads)
+    while fs.pending_moves and time.monotonic() < deadline:
+        await trio.sleep(0.01)
+    await fs.setattr((await fs.lookup(ROOT_INO, "b")).ino, size=0)
+    await fs.sync_all()
+    assert {n: bucket.get(n) for n in bucket.names()} == {"b": b""}

@@ -153,11 +153,18 @@ class FileRenames(_Base):
         """Write-back, the file's bytes newer than GCS and its lock held: its upload goes to
         the new name, replacing what is there; an old object is a background delete."""
         old_path, old_generation = source.path, source.generation
+        if old_generation:
+            # The old object's delete is journaled below: the bytes it stood for must be
+            # first (a file still open has changes no close committed yet).
+            await self._commit_locked(source, durable=True)
         replaces = 0
         if target is not None:
             async with self._lock(target):  # (an upload of it under way ends first: rare)
                 replaces = target.generation
                 self._unlink_target(target, new_path)
+                # Its record too (we hold its lock: no upload of it runs), or the next
+                # mount, after a crash, uploads it and finds the renamed file in conflict.
+                self._drop_unlinked(target)
         self._end_stream(source)  # its streaming upload named the old object
         self.names.forget(new_path)
         self.inodes.move(source, new_path)

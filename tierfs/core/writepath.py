@@ -213,28 +213,32 @@ class WritePath(_Base):
         if self._committed_already(inode, durable):
             return  # (a reader's close never waits for the lock an upload holds)
         async with self._lock(inode):
-            self._observe(inode)
-            staged = inode.staged
-            if self._committed_already(inode, durable, observed=True):
-                return
-            assert staged is not None
-            if staged.clobbered:
-                raise PreconditionFailed(inode.path)
-            if staged.write_error:
-                self._abandon(inode)
-            assert self.journal is not None and staged.record_id is not None
-            version = staged.version
-            commit = functools.partial(
-                self.journal.commit, staged.fd, self._record(inode), durable=durable
-            )
-            if self.journal.inline and not durable:
-                commit()  # one fsetxattr: a thread's round trip would cost more
-            else:
-                await trio.to_thread.run_sync(commit)
-            staged.committed_version = version
-            if durable:
-                staged.durable_version = version
-            self.writeback_counts["committed"] += 1
+            await self._commit_locked(inode, durable=durable)
+
+    async def _commit_locked(self, inode: Inode, *, durable: bool = False) -> None:
+        """`_commit`, the inode's lock held."""
+        self._observe(inode)
+        staged = inode.staged
+        if self._committed_already(inode, durable, observed=True):
+            return
+        assert staged is not None
+        if staged.clobbered:
+            raise PreconditionFailed(inode.path)
+        if staged.write_error:
+            self._abandon(inode)
+        assert self.journal is not None and staged.record_id is not None
+        version = staged.version
+        commit = functools.partial(
+            self.journal.commit, staged.fd, self._record(inode), durable=durable
+        )
+        if self.journal.inline and not durable:
+            commit()  # one fsetxattr: a thread's round trip would cost more
+        else:
+            await trio.to_thread.run_sync(commit)
+        staged.committed_version = version
+        if durable:
+            staged.durable_version = version
+        self.writeback_counts["committed"] += 1
 
     @staticmethod
     def _committed_already(inode: Inode, durable: bool, *, observed: bool = False) -> bool:
