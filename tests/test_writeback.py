@@ -20,7 +20,7 @@ from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
 from tierfs.core.uploader import MAX_YIELD_S, QUIET_S, Uploader
 from tierfs.core.writeback import RECORD_XATTR, SPARE_FILES, Journal, Record
-from tierfs.errors import BackendError, NotFound, UploadedOtherBytes
+from tierfs.errors import AccessDenied, BackendError, NotFound, UploadedOtherBytes
 from tierfs.storage.memory import MemoryBucket
 
 pytestmark = pytest.mark.trio
@@ -1087,3 +1087,44 @@ async def test_a_lookup_answered_before_an_upload_ended_does_not_take_the_file_b
     handle = await fs.open(ino, os.O_RDONLY)
     assert await fs.read(handle.fh, 0, 4096) == b"x" * 10
     await fs.release(handle.fh)
+
+
+class _DeletesRefused(MemoryBucket):
+    """A bucket where this mount may write but not delete (a role without
+    ``storage.objects.delete``), until ``refuse`` is False."""
+
+    def __init__(self) -> None:
+        super().__init__("wb")
+        self.refuse = True
+
+    async def delete(self, name: str, **kwargs: Any) -> None:
+        if self.refuse:
+            await trio.lowlevel.checkpoint()
+            raise AccessDenied(f"{name}: storage.objects.delete denied")
+        await super().delete(name, **kwargs)
+
+
+async def test_a_create_behind_a_delete_that_keeps_failing_fails_rather_than_waits(
+    tmp_path: Path, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``rm f; touch f`` where GCS refuses the delete: the create waited for the delete,
+    retried for ever, so it hung for good (and so did ``tierfs sync``). It now fails with
+    the delete's error, and works once the delete does."""
+    bucket = _DeletesRefused()
+    fs = Filesystem(
+        bucket,
+        Settings(temp_dir=str(tmp_path / "tmp"), implicit_dirs=True),
+        journal=Journal(tmp_path / "cache", "wb"),
+        background=Background(nursery),
+    )
+    await uploaded(fs, nursery, {"f": b"old"})
+    nursery.start_soon(fs.run_uploads, 2)
+    await fs.unlink(ROOT_INO, "f")
+    with trio.fail_after(60), pytest.raises(BackendError, match="delete denied"):
+        await write_new(fs, "f", b"new")
+    bucket.refuse = False
+    await deletes_done(fs)
+    await write_new(fs, "f", b"new")
+    await fs.sync_all()
+    assert bucket.get("f") == b"new"
+    fs.close()

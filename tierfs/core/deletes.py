@@ -19,7 +19,8 @@ is in GCS is instead
   as the precondition: a newer object another client wrote meanwhile is left.
 
 A create, mkdir, symlink or rename at such a name waits for its delete first
-(`PendingDeletes.settled`): the new object's upload must find the old one gone.
+(`PendingDeletes.settled`): the new object's upload must find the old one gone. A
+delete that keeps failing fails those requests instead (`FAILING_AFTER`).
 `tierfs sync` and unmount wait for the deletes (unmount for a bounded time:
 they are journaled).
 """
@@ -34,12 +35,16 @@ from typing import Any, Protocol
 
 import trio
 
-from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.errors import BackendError, NotFound, PreconditionFailed
 from tierfs.storage import Bucket
 
 log = logging.getLogger("tierfs.deletes")
 
 DELETE_WORKERS = 16  # deletes at a time (each is one request)
+# A background delete or move whose attempts failed this many times in a row is failing: a
+# request waiting for it fails with its error, rather than waiting for ever (one failure
+# is waited through: its retry comes a few seconds later).
+FAILING_AFTER = 2
 
 
 @dataclass(eq=False)
@@ -52,6 +57,8 @@ class Delete:
     object: str
     generation: int | None
     done: trio.Event = field(default_factory=trio.Event, repr=False)
+    error: str | None = field(default=None, repr=False)  # the last attempt's, while retried
+    failures: int = field(default=0, repr=False)  # attempts failed in a row
 
     def record(self) -> dict[str, Any]:
         return {
@@ -116,6 +123,15 @@ class PendingDeletes:
                     del self._below[directory]
                     self._gone_dirs.discard(directory)
         delete.done.set()
+        self._wake()
+
+    def failed(self, delete: Delete, error: str) -> None:
+        """An attempt at ``delete`` failed (it is retried): who waits for it hears why."""
+        delete.error = error
+        delete.failures += 1
+        self._wake()
+
+    def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
@@ -152,8 +168,14 @@ class PendingDeletes:
         return [d for p, d in self._by_path.items() if _under(p, path)]
 
     async def settled(self, *paths: str) -> None:
-        """Wait until nothing at or below ``paths`` is still being deleted."""
+        """Wait until nothing at or below ``paths`` is still being deleted. Raises
+        BackendError while such a delete's attempts fail (no permission to delete, GCS
+        unreachable; `FAILING_AFTER`): the request waiting fails, rather than waiting for
+        ever."""
         while any(self.busy(path) for path in paths):
+            for delete in (d for path in paths for d in self.below(path)):
+                if delete.failures >= FAILING_AFTER:
+                    raise BackendError(f"delete of gs://{delete.object}: {delete.error}")
             await self._changed.wait()
 
 

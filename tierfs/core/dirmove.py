@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from tierfs.core.deletes import FAILING_AFTER
 from tierfs.errors import BackendError, NotFound, PreconditionFailed
 from tierfs.storage import Bucket, ObjectInfo
 
@@ -179,6 +180,7 @@ class Moving:
     file: bool = False
     done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None  # the last attempt's failure, while it is retried
+    failures: int = 0  # attempts failed in a row
     attempted: trio.Event = field(default_factory=trio.Event)
 
     def translate(self, path: str) -> str:
@@ -187,13 +189,16 @@ class Moving:
 
     def tried(self, error: str | None) -> None:
         self.error = error
+        self.failures = 0 if error is None else self.failures + 1
         self.attempted.set()
         self.attempted = trio.Event()
 
-    async def wait(self) -> None:
-        """Until the move is done; raises BackendError while its attempts fail."""
+    async def wait(self, *, failing_after: int = 1) -> None:
+        """Until the move is done; raises BackendError once ``failing_after`` attempts in a
+        row failed (`tierfs sync` hears of the first failure; a request waiting to change a
+        path the move covers waits through one, `FAILING_AFTER`)."""
         while not self.done.is_set():
-            if self.error is not None:
+            if self.failures >= failing_after:
                 raise BackendError(f"rename of {self.source} to {self.destination}: {self.error}")
             await self.attempted.wait()
 
@@ -250,9 +255,10 @@ class PendingMoves:
         ]
 
     async def settled(self, *paths: str) -> None:
-        """Wait until no pending move covers any of ``paths``: before changing them."""
+        """Wait until no pending move covers any of ``paths``: before changing them. Raises
+        BackendError once a covering move is failing (`FAILING_AFTER`)."""
         while True:
             waiting = [m for path in paths for m in self.covering(path)]
             if not waiting:
                 return
-            await waiting[0].done.wait()
+            await waiting[0].wait(failing_after=FAILING_AFTER)

@@ -28,6 +28,7 @@ from tierfs.errors import (
     NotFound,
     PreconditionFailed,
     Unsupported,
+    root_cause,
 )
 from tierfs.storage import ObjectInfo
 
@@ -175,6 +176,7 @@ class Entries(_Base):
             log.log(
                 level, "write-back: delete of gs://%s failed, will retry: %s", delete.object, err
             )
+            self.pending_deletes.failed(delete, str(root_cause(err)))
             return False
         try:
             await trio.to_thread.run_sync(self.journal.deletes.end, delete)  # type: ignore[union-attr]
