@@ -12,7 +12,7 @@ import trio.testing
 
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
-from tierfs.core.inodes import ROOT_INO, Inode
+from tierfs.core.inodes import ROOT_INO, Inode, Kind
 from tierfs.core.listahead import FRESH_S, MAX_ENTRIES, ListedAhead
 from tierfs.core.metacache import PRUNE_AT, MetadataCache
 from tierfs.core.namespace import MISSING, DirListing, Found
@@ -241,6 +241,31 @@ async def test_metadata_prefetch_lists_a_directory_once_per_ttl(tmp_path: Path) 
         assert requests(bucket) == before  # every sibling came from the cache
         await fs.lookup(d.ino, sorted(f"f{i}" for i in range(30))[20])
         assert requests(bucket) > before  # beyond the prefetch limit: asked GCS
+
+
+async def test_a_cut_listing_never_calls_a_directory_a_file(tmp_path: Path) -> None:
+    """'foo-v2' and 'foo.bak' sort between 'foo' and 'foo/' ('-' and '.' come before '/'):
+    a prefetch cut after them says nothing of 'foo/'. It cached 'foo' as a file, so a stat
+    said regular file and ``ls foo/`` ENOTDIR, where gcsfuse (and GCS) have a directory."""
+    bucket = MemoryBucket("meta")
+    bucket.put("d/", b"")
+    for name in [*(f"a{i}" for i in range(7)), "foo", "foo-v2", "foo.bak", "foo/x"]:
+        bucket.put(f"d/{name}", b"x")
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(
+            bucket,
+            Settings(temp_dir=str(tmp_path), implicit_dirs=True, metadata_prefetch_entries=10),
+            monotonic_s=Clock(),
+            background=Background(nursery),
+        )
+        d = await fs.lookup(ROOT_INO, "d")
+        await fs.lookup(d.ino, "a0")  # lists 'd/', a0-a6, foo, foo-v2 ahead: cut there
+        await trio.testing.wait_all_tasks_blocked()
+        foo = await fs.lookup(d.ino, "foo")
+        assert foo.kind is Kind.DIR
+        assert [name for name, _ in await fs._list(foo)] == ["x"]
+        nursery.cancel_scope.cancel()
+    fs.close()
 
 
 async def test_listing_a_directory_lists_its_subdirectories_ahead(tmp_path: Path) -> None:

@@ -529,3 +529,25 @@ def test_rm_rf_of_a_tree_without_placeholders_removes_it_all(
     assert [b.name for b in gcs_client.list_blobs(bucket_name)] == ["u/d/f"]
     with pytest.raises(FileNotFoundError):
         (mount.path / "t" / "d0").stat()
+
+
+def test_a_directory_past_the_prefetch_cut_is_a_directory(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """'foo-v2' and 'foo.bak' sort between 'foo' and 'foo/': a directory's listing made
+    ahead and cut between them said nothing of 'foo/', and 'foo' was taken for a file:
+    ``stat`` said regular file and ``ls foo/`` ENOTDIR. gcsfuse: the directory ``foo``
+    and the file ``foo\n``. The prefetch is cut at 10 names here; at the defaults the cut
+    comes at 5,000 (1,000 for a subdirectory listed ahead), where the full read of the
+    directory that follows (`tierfs.core.prefill`) mended it, unless a stat came first."""
+    bucket = gcs_client.bucket(bucket_name)
+    names = ["d/", *(f"d/{n}" for n in ("a0", "a1", "a2", "a3", "a4", "a5", "a6", "foo"))]
+    names += ["d/foo-v2", "d/foo.bak", "d/foo/x"]  # the cut: after 'foo-v2'
+    for name in names:
+        bucket.blob(name).upload_from_string(b"x")
+    mount = mount_factory("--implicit-dirs", "--metadata-prefetch-entries-limit=10")
+    d = mount.path / "d"
+    assert (d / "a0").stat().st_size == 1  # lists d ahead, cut at 'foo-v2'
+    assert stat.S_ISDIR((d / "foo").stat().st_mode)
+    assert os.listdir(d / "foo") == ["x"]
+    assert (d / "foo\n").read_bytes() == b"x"

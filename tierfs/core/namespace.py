@@ -335,6 +335,9 @@ class Namespace:
             else:
                 self._hide(sub)
         dir_set = set(dirs)
+        # A cut listing stops at its last name, and 'foo/' sorts after 'foo-v2' and
+        # 'foo.bak': a file whose directory twin would sort past that name may have one.
+        last = _last_name(listing) if truncated else ""
         files = []
         for info in listing.objects:
             part = info.name[len(prefix) :]
@@ -344,9 +347,7 @@ class Namespace:
                 continue
             entry = part + CONFLICT_SUFFIX if part in dir_set else part
             files.append((entry, info))
-            last = info is listing.objects[-1]
-            if cache is not None and not (truncated and last):
-                # (A cut listing may end between 'foo' and 'foo/': the last file is unsure.)
+            if cache is not None and not (truncated and info.name + "/" > last):
                 cache.put_answer(self.child_path(path, entry), Found(False, info), asked)
         placeholders = {
             info.name[len(prefix) : -1]: info
@@ -386,3 +387,15 @@ class Namespace:
             return await self.bucket.stat(name)
         except NotFound:
             return None
+
+
+def _last_name(listing: Listing) -> str:
+    """The name a listing ends at (objects, placeholders and prefixes sort together)."""
+    return max(
+        (
+            *(info.name for info in listing.objects),
+            *(info.name for info in listing.placeholders),
+            *listing.prefixes,
+        ),
+        default="",
+    )
