@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 
@@ -30,6 +31,20 @@ def test_objects_from_another_client_appear(mount: Mount, gcs_client: storage.Cl
     assert sorted(os.listdir(mount.path)) == ["d", "remote.txt"]
     assert (mount.path / "remote.txt").read_bytes() == b"remote\n"
     assert (mount.path / "d" / "inner").read_bytes() == b"inner"
+
+
+def test_a_gzip_encoded_object_reads_as_stored(mount: Mount, gcs_client: storage.Client) -> None:
+    """``gcloud storage cp -Z`` stores gzip with ``Content-Encoding: gzip``: the file is
+    those bytes, as in gcsfuse (GCS would unzip them for a reader that does not ask for
+    gzip, whole and past the size the file has: every read past the first was wrong)."""
+    body = gzip.compress(os.urandom(300_000) + b"line\n" * 100_000)
+    blob = gcs_client.bucket(mount.bucket).blob("app.js.gz")
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(body, content_type="application/javascript")
+    path = mount.path / "app.js.gz"
+    assert path.stat().st_size == len(body)
+    assert path.read_bytes() == body
+    assert gzip.decompress(path.read_bytes()).endswith(b"line\n")
 
 
 def test_shell_tools(mount: Mount, gcs_client: storage.Client) -> None:

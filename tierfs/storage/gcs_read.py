@@ -4,8 +4,8 @@ block buffer, `tierfs.cache.buffers`).
 
 Reads ask for an exact generation and a byte range; GCS (and the emulator) answer 416
 for a range starting at or past the end, which is simply EOF here.  Objects are read
-raw (``raw_download``), as gcsfuse does, so a gzip-encoded object reads as the bytes
-that ``size`` counts.
+raw, as gcsfuse does (``Accept-Encoding: gzip``, never decoded), so a gzip-encoded object
+reads as the bytes that ``size`` counts.
 
 A read whose response stops coming is cut by the read-stall timeout
 (`tierfs.storage.stall`) and retried. Part of `GcsBucket` (a mixin sharing its client,
@@ -48,7 +48,9 @@ class _Reads(_Base):
         session: requests.Session = self._client._http
         # The library's own URL (host, escaping, userProject), fetched our way below.
         url = self._bucket.blob(name, generation=generation)._get_download_url(self._client)
-        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "Accept-Encoding": "identity"}
+        # "gzip": the stored bytes. Without it GCS unzips an object stored with
+        # Content-Encoding: gzip, and then sends it whole, the range ignored.
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "Accept-Encoding": "gzip"}
 
         def attempt() -> bytes | memoryview:
             # A raw streamed GET read into one bytes object: the client library's
@@ -78,8 +80,9 @@ class _Reads(_Base):
                     _ = response.content
                     raise api_exceptions.from_http_response(response)
                 declared = response.headers.get("Content-Length")
-                if declared is None:  # no length announced: let requests assemble it
-                    return response.content[:length]
+                if declared is None:  # no length announced (chunked): as it comes, raw
+                    chunked: bytes = response.raw.read(length, decode_content=False)
+                    return chunked
                 # One bytes object, filled from the socket by the buffered reader under
                 # http.client (no zero-filled buffer first, no copy after: those two were
                 # a third of the daemon's CPU in a cold 1 GiB read).
