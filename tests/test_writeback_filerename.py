@@ -5,6 +5,7 @@ upload goes up under the new name only. (Through a real mount: test_mount_writeb
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -21,7 +22,7 @@ from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
 from tierfs.core.writeback import Journal
-from tierfs.errors import AccessDenied, BackendError, NotFound
+from tierfs.errors import AccessDenied, BackendError, NotFound, PreconditionFailed
 from tierfs.storage.memory import MemoryBucket
 
 pytestmark = pytest.mark.trio
@@ -338,3 +339,53 @@ async def test_a_change_behind_a_move_that_keeps_failing_fails_rather_than_waits
     await fs.setattr((await fs.lookup(ROOT_INO, "b")).ino, size=0)
     await fs.sync_all()
     assert {n: bucket.get(n) for n in bucket.names()} == {"b": b""}
+
+
+async def test_a_file_rename_inside_a_directory_being_renamed_does_not_deadlock(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """``mv D E`` beside ``mv D/y D/x`` (the kernel does not serialize them: different
+    parents are locked). The directory's rename takes its files' locks in inode order and
+    uploads a changed one holding its lock (x); the file's rename held y's and waited for
+    x's, while the directory's waited for y's: both hung for good, and every later close
+    of x or y behind them."""
+    bucket = GatedBucket()
+    fs = make_fs(bucket)
+    d = await fs.mkdir(ROOT_INO, "D")
+    x = await write_new(fs, "x", b"x1", d.ino)
+    await fs.sync_all()  # x in GCS
+    handle = await fs.open(x, os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"x2")
+    await fs.release(handle.fh)  # x changed since (committed, no uploader runs)
+    await write_new(fs, "y", b"y1", d.ino)  # never uploaded: a local rename, y's lock held
+    bucket.held.add("write_file")
+    done: list[str] = []
+
+    async def rename(*args: Any) -> None:
+        await fs.rename(*args)
+        done.append(args[1])
+
+    with trio.fail_after(20):
+        nursery.start_soon(rename, ROOT_INO, "D", ROOT_INO, "E")
+        await bucket.entered.wait()  # the directory's rename uploads x, holding x's lock
+        nursery.start_soon(rename, d.ino, "y", d.ino, "x")
+        await trio.testing.wait_all_tasks_blocked()
+        bucket.gate.set()
+        while len(done) < 2:
+            await trio.sleep(0.01)
+    assert sorted(done) == ["D", "y"]
+    await settle_moves(fs)
+    # Which rename wins the name is the race's; no bytes may be lost: y's are in GCS, or,
+    # when its upload finds the name changed by the other rename, kept aside (ESTALE).
+    with contextlib.suppress(PreconditionFailed):
+        await fs.sync_all()
+    assert fs.journal is not None
+    kept = [f.read_bytes() for f in fs.journal.conflicts_dir.rglob("*") if f.is_file()]
+    assert b"y1" in [bucket.get(n) for n in bucket.names()] + kept
+
+
+async def settle_moves(fs: Filesystem) -> None:
+    deadline = time.monotonic() + 30  # (real time: moves end in worker threads)
+    while fs.pending_moves and time.monotonic() < deadline:
+        await trio.sleep(0.01)
+    assert not fs.pending_moves

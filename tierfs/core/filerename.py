@@ -85,8 +85,22 @@ class FileRenames(_Base):
         try:
             staged = source.staged
             if source.local_only or (staged is not None and staged.dirty):
-                await self._rename_file_locally(source, target, new_path)
-                return
+                # Never wait for the target's lock holding ours: a directory rename takes
+                # its files' locks in inode order, and may hold the target's and wait for
+                # ours. Taken, or the move is made in the background, as when ours is.
+                if target is None:
+                    await self._rename_file_locally(source, None, new_path)
+                    return
+                try:
+                    target.lock.acquire_nowait()
+                except trio.WouldBlock:
+                    pass
+                else:
+                    try:
+                        await self._rename_file_locally(source, target, new_path)
+                    finally:
+                        target.lock.release()
+                    return
         finally:
             source.lock.release()
         await self._start_file_move(source, target, new_path)
@@ -150,8 +164,9 @@ class FileRenames(_Base):
     async def _rename_file_locally(
         self, source: Inode, target: Inode | None, new_path: str
     ) -> None:
-        """Write-back, the file's bytes newer than GCS and its lock held: its upload goes to
-        the new name, replacing what is there; an old object is a background delete."""
+        """Write-back, the file's bytes newer than GCS, its lock and the target's held: its
+        upload goes to the new name, replacing what is there; an old object is a background
+        delete."""
         old_path, old_generation = source.path, source.generation
         if old_generation:
             # The old object's delete is journaled below: the bytes it stood for must be
@@ -159,12 +174,11 @@ class FileRenames(_Base):
             await self._commit_locked(source, durable=True)
         replaces = 0
         if target is not None:
-            async with self._lock(target):  # (an upload of it under way ends first: rare)
-                replaces = target.generation
-                self._unlink_target(target, new_path)
-                # Its record too (we hold its lock: no upload of it runs), or the next
-                # mount, after a crash, uploads it and finds the renamed file in conflict.
-                self._drop_unlinked(target)
+            replaces = target.generation
+            self._unlink_target(target, new_path)
+            # Its record too (we hold its lock: no upload of it runs), or the next mount,
+            # after a crash, uploads it and finds the renamed file in conflict.
+            self._drop_unlinked(target)
         self._end_stream(source)  # its streaming upload named the old object
         self.names.forget(new_path)
         self.inodes.move(source, new_path)
