@@ -183,6 +183,26 @@ def test_a_log_renamed_while_open_keeps_its_bytes_across_a_kill_9(
     assert again.errors() == []
 
 
+def test_a_file_removed_while_open_stays_removed_across_a_kill_9(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """A scratch file closed (upload pending), still open in a reader, removed, then the
+    daemon killed: its journal record outlived the name for the reader's sake, and the
+    next mount uploaded the removed file again."""
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    mount = mount_factory("--write-back", HOLD, cache)
+    (mount.path / "scratch").write_bytes(b"temporary")
+    reader = open(mount.path / "scratch", "rb")  # closed after the kill
+    (mount.path / "scratch").unlink()
+    assert reader.read() == b"temporary"
+    kill_daemon(mount)
+    with contextlib.suppress(OSError):
+        reader.close()
+    again = mount_factory("--write-back", cache, name="mnt")
+    assert objects(gcs_client, bucket_name) == {}
+    assert not (again.path / "scratch").exists()
+
+
 def test_tmp_then_rename_commits_are_local_before_upload(
     mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
 ) -> None:

@@ -389,3 +389,30 @@ async def settle_moves(fs: Filesystem) -> None:
     while fs.pending_moves and time.monotonic() < deadline:
         await trio.sleep(0.01)
     assert not fs.pending_moves
+
+
+@pytest.mark.parametrize("in_gcs", [False, True])
+async def test_a_file_unlinked_while_open_stays_gone_after_a_crash(
+    tmp_path: Path, in_gcs: bool
+) -> None:
+    """A closed file waiting for its upload, still open in a reader, unlinked, then the
+    daemon killed: its journal record outlived the name (kept for the open handle), so the
+    next mount uploaded it again: the removed file was back (and, when it was in GCS
+    before, its changed bytes beat the delete's generation check)."""
+    bucket = MemoryBucket("wb")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    ino = await write_new(fs, "scratch", b"first")
+    if in_gcs:
+        await fs.sync_all()
+        handle = await fs.open(ino, os.O_WRONLY)
+        await fs.write(handle.fh, 0, b"again")
+        await fs.release(handle.fh)  # committed, not uploaded: no uploader runs
+    reader = await fs.open(ino, os.O_RDONLY)
+    await fs.unlink(ROOT_INO, "scratch")
+    assert bytes(await fs.read(reader.fh, 0, 5)) == (b"again" if in_gcs else b"first")
+    fs.close()  # kill -9, the reader still open
+    journal = Journal(tmp_path / "cache", "wb")
+    await journal.recover(bucket, trio.to_thread.run_sync)
+    assert bucket.names() == []

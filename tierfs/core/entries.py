@@ -124,6 +124,8 @@ class Entries(_Base):
             if inode.open_handles == 0:
                 self._drop_staged(inode)  # a write-back file not uploaded yet: never will be
                 self.inodes.release(inode)
+            else:  # its handles keep its bytes (their fd); a crash must not bring it back
+                self._forget_record(inode)
 
     async def _stage_unlocked(self, inode: Inode) -> None:
         """Keep an unlinked file readable by its open handles: copy it locally first."""

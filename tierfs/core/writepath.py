@@ -150,6 +150,16 @@ class WritePath(_Base):
                 return
             self.journal.discard(staged.record_id)  # two unlinks; a conflict was moved aside
 
+    def _forget_record(self, inode: Inode) -> None:
+        """An unlinked write-back file still open: drop its journal record and file now
+        (its handles read and write through the open descriptor), or the next mount, after
+        a crash, would upload it again."""
+        staged = inode.staged
+        if staged is None or staged.record_id is None or self.journal is None:
+            return
+        self.journal.discard(staged.record_id)
+        staged.record_id = None
+
     def _adopt_staged(self, record_id: str, cache_as: tuple[str, int, int, int]) -> None:
         """Let the SSD tier take an uploaded journal file as the object's data file (a
         rename, in the background, after the copies waiting before it), then drop what the
