@@ -12,6 +12,7 @@ import math
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,82 @@ async def test_a_failed_fetch_lets_the_waiting_node_go_at_once(
         await a.fetched(key)  # the download failed: nothing published
     assert got == [None]
     assert trio.current_time() - start < 2
+
+
+class _SlowLookAfterClaim(SharedTier):
+    """A node whose look for the block just after its claim hangs until ``go`` (a slow
+    shared file system), so that its reader can be interrupted there."""
+
+    go = trio.Event()
+
+    async def _read(self, key: BlockKey) -> bytes | None:
+        if key in self._claims:
+            await self.go.wait()
+        return await super()._read(key)
+
+
+async def test_a_reader_interrupted_after_its_claim_leaves_no_marker(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A reader interrupted (killed, ^C) between its claim and its download left the marker
+    and the claim: every later read of the block, on this node and the others, waited for
+    the marker to expire (20 s) before fetching it."""
+    bucket = MemoryBucket(BUCKET)
+    data = os.urandom(BLOCK)
+    info = bucket.put("ckpt", data)
+    shared = _SlowLookAfterClaim(
+        tmp_path, BUCKET, 1 << 30, block_size=BLOCK, clock=trio.current_time, io_timeout_s=math.inf
+    )
+    shared.go = trio.Event()
+    await shared.open()
+    blocks = Blocks(bucket, [shared], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    key = BlockKey("ckpt", info.generation, 0)
+    with trio.move_on_after(1) as interrupted:
+        await blocks.get(key, len(data))
+    assert interrupted.cancelled_caught
+    assert not list(tmp_path.rglob("*.fetching"))
+    shared.go.set()
+    other = await opened(tmp_path)
+    start = trio.current_time()
+    assert await other.fetching(key) is None  # its own claim at once: nobody to wait for
+    assert trio.current_time() - start < 1
+    await other.fetched(key)
+    assert await blocks.get(key, len(data)) == data
+    assert trio.current_time() - start < 1
+
+
+async def test_a_reader_interrupted_in_its_claim_leaves_no_marker(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted while its claim's file is being made (a slow shared file system): the
+    worker thread made the marker after the reader had gone, and nothing removed it."""
+    create = fmt.create_marker
+    begun = threading.Event()
+
+    def slow_create(*args: object) -> bool:
+        begun.set()
+        time.sleep(0.3)  # (real time, in the worker thread)
+        return create(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fmt, "create_marker", slow_create)
+    bucket = MemoryBucket(BUCKET)
+    data = os.urandom(BLOCK)
+    info = bucket.put("ckpt", data)
+    blocks = Blocks(
+        bucket, [await opened(tmp_path)], block_size=BLOCK, downloads=trio.CapacityLimiter(4)
+    )
+    async with trio.open_nursery() as nursery:
+        reader = trio.CancelScope()
+
+        async def read() -> None:
+            with reader:
+                await blocks.get(BlockKey("ckpt", info.generation, 0), len(data))
+
+        nursery.start_soon(read)
+        await trio.to_thread.run_sync(begun.wait)
+        reader.cancel()  # interrupted while the marker is being made
+    time.sleep(0.6)  # (real time: a thread abandoned would have made its marker by now)
+    assert not list(tmp_path.rglob("*.fetching"))
 
 
 def set_age(tier: SharedTier, key: BlockKey, age_s: float) -> None:

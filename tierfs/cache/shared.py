@@ -228,9 +228,12 @@ class SharedTier:
     async def _claim(self, key: BlockKey, marker: Path) -> bool:
         now = self._clock()
         try:
-            claimed = await self._access.run(
-                "claim", fmt.create_marker, marker, self.directory, now + self._marker_s, now
-            )
+            # Shielded (bounded by the I/O bound): a claim abandoned in its thread would
+            # still make the marker, which nobody would then remove before it expires.
+            with trio.CancelScope(shield=True):
+                claimed = await self._access.run(
+                    "claim", fmt.create_marker, marker, self.directory, now + self._marker_s, now
+                )
         except Unavailable:
             return False
         if claimed:
