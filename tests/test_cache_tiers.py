@@ -41,6 +41,7 @@ from tierfs.core.background import Background
 from tierfs.core.blocks import Blocks
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
+from tierfs.errors import BackendError
 from tierfs.storage.memory import MemoryBucket
 
 BUCKET = "bkt"
@@ -1222,6 +1223,46 @@ async def test_without_a_ram_tier_as_many_buffers_are_kept_as_downloads_run(
         held.clear()
     assert sorted(got) == sorted(data[i * BLOCK : (i + 1) * BLOCK] for i in range(12))
     assert blocks.statistics()["block_buffers"]["made"] == 3
+
+
+class _FailingReads(MemoryBucket):
+    """Each read fails after ``delay_s`` (GCS failing until the retry deadline ends)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(BUCKET)
+        self.delay_s = delay_s
+        self.reads = 0
+
+    async def read(self, *args: object, **kwargs: object) -> bytes:
+        self.reads += 1
+        await trio.sleep(self.delay_s)
+        raise BackendError("503 after every retry")
+
+
+async def test_readers_of_a_block_whose_download_failed_hear_of_it_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A reader, a prefetch and a fill waiting for one block whose download failed each
+    tried it again in turn, each for a whole retry deadline: the reader's request took
+    two or three times the bound. They now fail with the download's error at once (a
+    download cancelled, not failed, is still taken over)."""
+    bucket = _FailingReads(delay_s=10)
+    info = bucket.put("ckpt", os.urandom(BLOCK))
+    blocks = Blocks(bucket, [], block_size=BLOCK, downloads=trio.CapacityLimiter(4))
+    key = BlockKey("ckpt", info.generation, 0)
+    failed_at: list[float] = []
+
+    async def reader() -> None:
+        with pytest.raises(BackendError):
+            await blocks.get(key, BLOCK)
+        failed_at.append(trio.current_time())
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(reader)
+    assert bucket.reads == 1
+    assert [t - start for t in failed_at] == [10, 10, 10]
 
 
 async def test_heap_memory_given_up_for_buffers_goes_back_to_the_kernel(

@@ -86,6 +86,7 @@ class _Flight:
     done: trio.Event = field(default_factory=trio.Event)  # the bytes are there (`data`)
     data: Data | None = None
     settled: trio.Event = field(default_factory=trio.Event)  # ... and stored in every tier
+    error: Exception | None = None  # the fetch failed (not cancelled): its waiters fail too
 
 
 class Blocks(_RandomReads):
@@ -163,7 +164,9 @@ class Blocks(_RandomReads):
             await flight.done.wait()
             if flight.data is not None:
                 return flight.data
-            # That fetch failed or was cancelled: try again ourselves.
+            if flight.error is not None:  # (each waiter trying again in turn, each for a
+                raise flight.error  # whole retry deadline, held a reader 2-3 times that)
+            # That fetch was cancelled (its reader interrupted): ours to make.
 
     async def _fetch(self, key: BlockKey, object_size: int) -> Data:
         """From the tiers, else GCS; registered in flight throughout, so that a reader that
@@ -176,6 +179,9 @@ class Blocks(_RandomReads):
                 data = await self._download(key, object_size, flight)
             flight.data = data
             return data
+        except Exception as err:
+            flight.error = err
+            raise
         finally:
             del self._inflight[key]
             flight.done.set()
