@@ -13,6 +13,7 @@ import trio
 
 from tierfs.core.inodes import Inode
 from tierfs.core.uploads import LARGE_UPLOAD_BYTES
+from tierfs.errors import BackendError
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)
@@ -151,7 +152,8 @@ class Lifecycle(_Base):
             for moving in self.pending_moves:
                 await moving.done.wait()
             if self.deletes.running:  # (not when the loop failed: nothing deletes then)
-                await self.pending_deletes.settled("")
+                with contextlib.suppress(BackendError):  # failing: the journal keeps them
+                    await self.pending_deletes.settled("")
         if self.pending_deletes:
             log.warning(
                 "unmount: %d deletes not done in GCS yet; the next mount does them from the "
