@@ -416,3 +416,64 @@ async def test_a_file_unlinked_while_open_stays_gone_after_a_crash(
     journal = Journal(tmp_path / "cache", "wb")
     await journal.recover(bucket, trio.to_thread.run_sync)
     assert bucket.names() == []
+
+
+async def test_a_rename_waits_in_the_journal_for_the_upload_it_follows(tmp_path: Path) -> None:
+    """Killed while the renamed file was uploading, and at the next mount its upload fails
+    again (GCS down): the journaled move ran anyway, found no object to move and ended, and
+    the mount after uploaded the file under its old name: the rename lost. The move now
+    waits in the journal with its upload, and the mount after finishes both."""
+    bucket = GatedBucket("write_file")
+    async with trio.open_nursery() as daemon:
+        fs = Filesystem(
+            bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+        )
+        fs.background = Background(daemon)
+        await write_new(fs, "y.tmp", b"y" * 700)
+        daemon.start_soon(fs.run_uploads, 2)
+        await bucket.entered.wait()
+        await fs.rename(ROOT_INO, "y.tmp", ROOT_INO, "y")
+        daemon.cancel_scope.cancel()  # kill -9: the held upload never ends
+    fs.close()
+    bucket.held.clear()
+    bucket.fail_next("write_file", BackendError("503"))
+    journal = Journal(tmp_path / "cache", "wb")
+    recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert [name for name, _ in recovered.failed] == ["y.tmp"] and recovered.moves == []
+    assert bucket.names() == [] and len(journal.moves.pending()) == 1
+    again = Journal(tmp_path / "cache", "wb")  # the mount after, GCS back
+    recovered = await again.recover(bucket, trio.to_thread.run_sync)
+    assert recovered.uploaded == ["y.tmp"] and len(recovered.moves) == 1
+    assert {n: bucket.get(n) for n in bucket.names()} == {"y": b"y" * 700}
+
+
+async def test_a_delete_gcs_refuses_does_not_stop_the_next_mounts(tmp_path: Path) -> None:
+    """A journaled delete GCS refuses (a role without storage.objects.delete, a retention
+    policy): its error ended recovery, so that mount failed, and every mount after it until
+    someone removed the record by hand. It is now logged and kept for the next mount."""
+    bucket = _DeletesRefusedAtRecovery()
+    bucket.put("old", b"kept by a retention policy")
+    fs = Filesystem(
+        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+    )
+    await fs.lookup(ROOT_INO, "old")
+    await fs.unlink(ROOT_INO, "old")  # journaled; no deleter runs
+    fs.close()
+    journal = Journal(tmp_path / "cache", "wb")
+    recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert recovered.deletes == [] and len(journal.deletes.pending()) == 1
+    bucket.refuse = False
+    recovered = await Journal(tmp_path / "cache", "wb").recover(bucket, trio.to_thread.run_sync)
+    assert len(recovered.deletes) == 1 and bucket.names() == []
+
+
+class _DeletesRefusedAtRecovery(MemoryBucket):
+    def __init__(self) -> None:
+        super().__init__("wb")
+        self.refuse = True
+
+    async def delete(self, name: str, **kwargs: Any) -> None:
+        if self.refuse:
+            await trio.lowlevel.checkpoint()
+            raise AccessDenied(f"{name}: retention policy")
+        await super().delete(name, **kwargs)

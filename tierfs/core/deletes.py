@@ -188,11 +188,26 @@ async def delete_one(bucket: Bucket, delete: Delete) -> None:
         pass
 
 
-async def recover_deletes(bucket: Bucket, records: DeleteRecords) -> list[Delete]:
-    """Finish the deletes a previous daemon journaled (run after its uploads)."""
+async def recover_deletes(
+    bucket: Bucket, records: DeleteRecords, held: frozenset[str] = frozenset()
+) -> list[Delete]:
+    """Finish the deletes a previous daemon journaled (run after its uploads), except those
+    of the objects in ``held`` (their uploads failed: first those, at a next mount). One
+    that fails (no permission, GCS down) is logged and kept for the next mount: it must
+    not stop this one, nor every one after it."""
     done = []
     for delete in await trio.to_thread.run_sync(records.pending):
-        await delete_one(bucket, delete)
+        if delete.object in held:
+            continue
+        try:
+            await delete_one(bucket, delete)
+        except Exception as err:
+            log.error(
+                "write-back: delete of gs://%s still not done (the next mount tries again): %s",
+                delete.object,
+                err,
+            )
+            continue
         await trio.to_thread.run_sync(records.end, delete)
         done.append(delete)
     if done:

@@ -136,34 +136,54 @@ async def move_file_object(bucket: Bucket, source: str, destination: str) -> int
     return 1
 
 
-async def recover_moves(bucket: Bucket, moves: MoveLog) -> list[Move]:
-    """Finish every rename a previous daemon began (see the module docstring)."""
+async def recover_moves(
+    bucket: Bucket, moves: MoveLog, held: frozenset[str] = frozenset()
+) -> list[Move]:
+    """Finish every rename a previous daemon began (see the module docstring), except
+    those of or above an object in ``held``: its upload failed, and moving its old object
+    first would put the old bytes under the new name and its record in conflict. One that
+    fails (GCS down) is logged and kept for the next mount: it must not stop this one."""
     done = []
     for move in await trio.to_thread.run_sync(moves.pending):
-        if move.file:
-            count = await move_file_object(bucket, move.source, move.destination)
-            await trio.to_thread.run_sync(moves.end, move)
-            log.warning(
-                "write-back: finished renaming gs://%s to %s (%d object was left to move)",
+        if any(
+            name == move.source or (not move.file and name.startswith(move.source)) for name in held
+        ):
+            log.error(
+                "write-back: renaming gs://%s to %s waits for an upload below it (the next mount)",
                 move.source,
                 move.destination,
-                count,
             )
-            done.append(move)
             continue
-        listing = await bucket.list(move.source, delimiter=None)
-        await move_objects(
-            bucket, listing.objects, move.source, move.destination, skip_existing=True
-        )
+        try:
+            count = await _recover_move(bucket, move)
+        except Exception as err:
+            log.error(
+                "write-back: renaming gs://%s to %s still not done (the next mount tries "
+                "again): %s",
+                move.source,
+                move.destination,
+                err,
+            )
+            continue
         await trio.to_thread.run_sync(moves.end, move)
         log.warning(
-            "write-back: finished renaming gs://%s to %s (%d objects were left to move)",
+            "write-back: finished renaming gs://%s to %s (%d object%s left to move)",
             move.source,
             move.destination,
-            len(listing.objects),
+            count,
+            " was" if count == 1 else "s were",
         )
         done.append(move)
     return done
+
+
+async def _recover_move(bucket: Bucket, move: Move) -> int:
+    """One journaled rename, replayed: the objects it moved."""
+    if move.file:
+        return await move_file_object(bucket, move.source, move.destination)
+    listing = await bucket.list(move.source, delimiter=None)
+    await move_objects(bucket, listing.objects, move.source, move.destination, skip_existing=True)
+    return len(listing.objects)
 
 
 def _under(path: str, top: str) -> bool:

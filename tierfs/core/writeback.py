@@ -392,8 +392,10 @@ class Journal:
                     kept,
                 )
         # After the uploads: a file committed under a directory's old name moves with it.
-        result.moves = await recover_moves(bucket, self.moves)
-        result.deletes = await recover_deletes(bucket, self.deletes)
+        # Not the renames and deletes of a file whose upload failed: they wait with it.
+        held = frozenset(name for name, _ in result.failed)
+        result.moves = await recover_moves(bucket, self.moves, held)
+        result.deletes = await recover_deletes(bucket, self.deletes, held)
         return result
 
     async def _recover_one(
