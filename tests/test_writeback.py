@@ -4,6 +4,7 @@ uploaded twice with different content. (Through a real mount: test_mount_writeba
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -1129,3 +1130,31 @@ async def test_a_create_behind_a_delete_that_keeps_failing_fails_rather_than_wai
     await fs.sync_all()
     assert bucket.get("f") == b"new"
     fs.close()
+
+
+async def test_a_journal_disk_gone_read_only_does_not_end_the_uploader(
+    live_fs: Filesystem,
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An upload done, the journal's file could not be removed (its file system remounted
+    read-only, EIO): the error left the upload worker and ended the daemon. It is logged
+    and the work retried, and the journal lets go of the file once it can."""
+    fs = live_fs
+    assert fs.journal is not None
+    discard = fs.journal.discard
+    failures = [OSError(errno.EROFS, "Read-only file system")]
+
+    def failing(record_id: str) -> None:
+        if failures:
+            raise failures.pop()
+        discard(record_id)
+
+    monkeypatch.setattr(fs.journal, "discard", failing)
+    await write_new(fs, "f", b"bytes")
+    nursery.start_soon(fs.run_uploads, 2)
+    await settle(fs)
+    assert bucket.get("f") == b"bytes"
+    assert failures == [] and fs.journal.pending() == []

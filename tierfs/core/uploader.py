@@ -23,6 +23,7 @@ The filesystem gives it ``attempt(item) -> bool`` (False: try again later) and
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -34,6 +35,8 @@ T = TypeVar("T")
 MAX_RETRY_S = 300.0
 QUIET_S = 0.1
 MAX_YIELD_S = 5.0
+
+log = logging.getLogger("tierfs.fs")
 
 
 class Uploader(Generic[T]):
@@ -101,6 +104,10 @@ class Uploader(Generic[T]):
                 self._running += 1
                 try:
                     done = await self._attempt(item)
+                except Exception as err:  # (exception groups too) a local fault, say the
+                    # journal's disk gone read-only: retried, never the end of the daemon
+                    log.error("write-back: background work failed, will retry: %s", err)
+                    done = False
                 finally:
                     self._running -= 1
                 if done:
