@@ -136,6 +136,37 @@ def test_mount_returns_only_once_the_mount_answers(
     assert str(mount.path).encode() in cmdline
 
 
+@pytest.mark.parametrize("typed", ["mnt", "mnt/", "./x/../mnt"])
+def test_unmount_waits_for_a_daemon_mounted_by_a_relative_path(
+    mountpoint_dir: Path,
+    bucket_name: str,
+    endpoint_args: list[str],
+    gcs_client: storage.Client,
+    typed: str,
+) -> None:
+    """`tierfs unmount` finds the daemon by its mountpoint among its words in /proc, and
+    the daemon had the path as typed: mounted as ``mnt`` or ``mnt/``, unmount found no
+    daemon and returned at once, while it still uploaded what write-back held
+    (``tierfs unmount mnt && poweroff`` lost it)."""
+    home = mountpoint_dir.parent
+    (home / "x").mkdir()
+    mount = [TIERFS, "mount", *endpoint_args, "--write-back", f"--cache-dir={home / 'cache'}"]
+    hold = "--write-back-delay-secs=3600"  # uploaded at unmount, not before
+    result = subprocess.run(
+        [*mount, hold, bucket_name, typed], cwd=home, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(daemon_pids(str(mountpoint_dir))) == 1
+    data = os.urandom(8 << 20)
+    (mountpoint_dir / "ckpt").write_bytes(data)
+    result = subprocess.run(
+        [TIERFS, "unmount", typed], cwd=home, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert daemon_pids(str(mountpoint_dir)) == []  # it had exited when unmount returned
+    assert gcs_client.bucket(bucket_name).blob("ckpt").download_as_bytes() == data
+
+
 # --- failures: one line naming the cause, exit != 0, nothing left behind --------------------
 
 

@@ -215,11 +215,25 @@ def _mount(line: CommandLine, child_args: list[str]) -> int:
     if config["foreground"] or isinstance(ready_fd, str):
         return run_foreground(config, int(ready_fd) if isinstance(ready_fd, str) else None)
     try:
-        daemon.start_background(child_args, config.mountpoint)
+        daemon.start_background(
+            _absolute_mountpoint(child_args, line.positional[-1], config.mountpoint),
+            config.mountpoint,
+        )
     except MountError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _absolute_mountpoint(args: list[str], given: str, absolute: str) -> list[str]:
+    """The daemon's arguments with its mountpoint (the last positional) made absolute:
+    `tierfs unmount` finds the daemon by that path among its words in /proc, and did not
+    find one mounted as ``mnt`` or ``/mnt/x/``: it returned while the daemon still
+    uploaded what was pending."""
+    if given == absolute or given not in args:
+        return args
+    at = len(args) - 1 - args[::-1].index(given)
+    return [*args[:at], absolute, *args[at + 1 :]]
 
 
 def run_foreground(config: Config, ready_fd: int | None) -> int:
