@@ -167,6 +167,34 @@ def test_unmount_waits_for_a_daemon_mounted_by_a_relative_path(
     assert gcs_client.bucket(bucket_name).blob("ckpt").download_as_bytes() == data
 
 
+def test_a_mount_whose_daemon_does_not_answer_is_never_waited_for(
+    mount_factory: MountFactory, endpoint_args: list[str], bucket_name: str
+) -> None:
+    """A daemon stopped (or deadlocked): ``tierfs mount`` and ``tierfs unmount`` each began
+    with a statvfs of the mountpoint, which waited for it for ever. Now a mount there is
+    refused as busy, and unmount takes it off lazily, each in one line and in seconds; a
+    new mount then works."""
+    mount = mount_factory()
+    (pid,) = mount.pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        again = [TIERFS, "mount", *endpoint_args, bucket_name, str(mount.path)]
+        result = subprocess.run(again, capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0
+        assert "does not answer" in one_line_error(result)
+        result = subprocess.run(
+            [TIERFS, "unmount", str(mount.path)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1
+        assert f"daemon (pid {pid}) does not answer" in one_line_error(result)
+        assert mount_table(mount.path) == []
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    mount.mounted = False
+    fresh = mount_factory(name="mnt")
+    assert os.listdir(fresh.path) == []
+
+
 # --- failures: one line naming the cause, exit != 0, nothing left behind --------------------
 
 

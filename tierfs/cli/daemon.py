@@ -24,10 +24,11 @@ from pathlib import Path
 
 from tierfs.cli.fdmount import fuse_fd
 from tierfs.cli.memory import daemon_environment
-from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
+from tierfs.cli.mountpoint import ALIVE, HUNG, MountError, mounted_here, probe, unmount
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 600.0
+HUNG_WAIT_S = 10.0  # for a daemon whose mount does not answer (stopped, deadlocked)
 
 
 def start_background(child_args: Sequence[str], mountpoint: str) -> None:
@@ -98,12 +99,19 @@ def stop(mountpoint: str, *, timeout_s: float = STOP_TIMEOUT_S) -> None:
     if not entry.fstype.startswith("fuse"):
         raise MountError(f"{path} is not a tierfs mount ({entry.fstype})")
     pids = daemon_pids(path)
-    unmount(path, lazy=is_stale(path))
-    deadline = time.monotonic() + timeout_s
+    state = probe(path)
+    unmount(path, lazy=state != ALIVE)
+    # A daemon that does not answer is not waited for as long as one uploading.
+    deadline = time.monotonic() + (min(timeout_s, HUNG_WAIT_S) if state == HUNG else timeout_s)
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if _alive(pid)]
         if pids:
             time.sleep(0.05)
+    if pids and state == HUNG:
+        raise MountError(
+            f"unmounted {path} lazily: its daemon (pid {pids[0]}) does not answer "
+            "(stopped or stuck); kill it"
+        )
     if pids:
         raise MountError(f"unmounted {path}, but its daemon (pid {pids[0]}) has not exited yet")
 

@@ -5,7 +5,10 @@ cause (`MountError`), so ``tierfs mount`` never shows a traceback:
 mountpoint missing, not a directory, already mounted, ``/dev/fuse`` missing,
 ``fusermount3`` missing. A mountpoint left behind by a killed daemon
 ("Transport endpoint is not connected") is recognised and unmounted, so that
-``tierfs unmount`` and a new ``tierfs mount`` both recover it.
+``tierfs unmount`` and a new ``tierfs mount`` both recover it. A mount whose daemon no
+longer answers (stopped, deadlocked) is recognised by a probe with a time bound, never
+waited for: ``tierfs unmount`` takes it off lazily and says so, ``tierfs mount`` says
+the mountpoint is busy.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import errno
 import os
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
 BUSY_WAIT_S = 1.0  # how long `unmount` tries again a mount found busy
 BUSY_RETRY_S = 0.05
+PROBE_S = 5.0  # how long a mount may take to answer statvfs before it counts as hung
+ALIVE, DEAD, HUNG = "alive", "dead", "hung"
 
 
 class MountError(Exception):
@@ -89,15 +95,31 @@ def mounted_here(mountpoint: str) -> MountEntry | None:
     return found
 
 
+def probe(mountpoint: str, timeout_s: float = PROBE_S) -> str:
+    """`ALIVE`, `DEAD` or `HUNG`. A FUSE mount whose daemon is gone fails every call with
+    ENOTCONN (ECONNABORTED while the dead daemon's threads still exit); one whose daemon
+    is stopped or deadlocked never answers, so the call is made in a thread and given
+    ``timeout_s``. statvfs, unlike stat, is never answered from the kernel's attribute
+    cache, so it reaches the daemon."""
+    answer: list[str] = []
+
+    def call() -> None:
+        try:
+            os.statvfs(mountpoint)
+        except OSError as err:
+            answer.append(DEAD if err.errno in (errno.ENOTCONN, errno.ECONNABORTED) else ALIVE)
+        else:
+            answer.append(ALIVE)
+
+    thread = threading.Thread(target=call, name="tierfs-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)  # (a thread left waiting ends with the process)
+    return answer[0] if answer else HUNG
+
+
 def is_stale(mountpoint: str) -> bool:
-    """A FUSE mount whose daemon is gone fails every call with ENOTCONN (ECONNABORTED while
-    the dead daemon's threads still exit). statvfs, unlike stat, is never answered from the
-    kernel's attribute cache, so it sees the dead connection at once."""
-    try:
-        os.statvfs(mountpoint)
-    except OSError as err:
-        return err.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
+    """Whether the mount's daemon is gone or does not answer (`probe`)."""
+    return probe(mountpoint) != ALIVE
 
 
 def check_before_mount(mountpoint: str) -> None:
@@ -107,7 +129,13 @@ def check_before_mount(mountpoint: str) -> None:
         )
     if shutil.which("fusermount3") is None:
         raise MountError("fusermount3 is missing: install the fuse3 package")
-    if is_stale(mountpoint):
+    state = probe(mountpoint)
+    if state == HUNG:
+        raise MountError(
+            f"mountpoint {mountpoint} is busy: a mount there does not answer "
+            f"(tierfs unmount {mountpoint} takes it off)"
+        )
+    if state == DEAD:
         unmount(mountpoint, lazy=True)
     try:
         st = os.stat(mountpoint)
