@@ -907,13 +907,16 @@ class SendsWhatItReads(MemoryBucket):
 async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_what_it_made(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """Writes do not wait for an upload, so a file opened with O_TRUNC and written again
-    while its upload is sent gives the server other bytes than its checksum was taken of.
-    GCS refuses such a body; the emulator stores it, and the bucket says so
-    (`UploadedOtherBytes`, with the generation it made). That generation is ours: the next
-    upload must replace it, not fail its precondition and send our bytes to conflicts/
-    while GCS keeps the mix (seen in the fault model: a read of ``d/b`` returned half of
-    an older version, after 'GCS holds other bytes than were sent' and a conflict)."""
+    """Writes do not wait for an upload, so a writer that had the file open before an
+    upload of it began (``tierfs sync``, an fsync) and writes while it is sent gives the
+    server other bytes than its checksum was taken of. (An open for writing after the
+    upload began waits for it: `test_writeback_filerename.py::
+    test_a_file_opened_for_writing_during_its_upload_never_goes_up_torn`.) GCS refuses
+    such a body; the emulator stores it, and the bucket says so (`UploadedOtherBytes`,
+    with the generation it made). That generation is ours: the next upload must replace
+    it, not fail its precondition and send our bytes to conflicts/ while GCS keeps the mix
+    (seen in the fault model: a read of ``d/b`` returned half of an older version, after
+    'GCS holds other bytes than were sent' and a conflict)."""
     old, new = b"o" * 4000, b"n" * 6000
 
     bucket = SendsWhatItReads("wb")
@@ -922,18 +925,18 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
     )
     fs.background = Background(nursery)
     ino = await write_new(fs, "b", old)
+    writer = await fs.open(ino, os.O_WRONLY)  # open before the upload begins
     rewritten: list[int] = []
 
-    async def rewrite() -> None:  # the writer's open and write; its close comes later
-        handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
-        await fs.write(handle.fh, 0, new)
-        rewritten.append(handle.fh)
+    async def rewrite() -> None:  # the writer's write; its close comes later
+        await fs.write(writer.fh, 0, new)
+        rewritten.append(writer.fh)
 
     bucket.during_send = rewrite
-    nursery.start_soon(fs.run_uploads, 2, 0.05)
-    while not fs.writeback_counts["failed"]:
-        await trio.sleep(0.01)
+    with pytest.raises(UploadedOtherBytes):
+        await fs.sync_all()
     assert bucket.get("b") not in (old, new)  # the mix the emulator kept
+    nursery.start_soon(fs.run_uploads, 2, 0.05)
     await fs.release(rewritten[0])
     await settle(fs)
     assert fs.writeback_counts["conflicts"] == 0
@@ -955,18 +958,17 @@ async def test_a_file_unlinked_before_the_retry_of_an_upload_that_sent_other_byt
     )
     fs.background = Background(nursery)
     ino = await write_new(fs, "c", b"o" * 4000)
-    opened: list[int] = []
+    writer = await fs.open(ino, os.O_WRONLY)  # open before the upload begins
 
-    async def rewrite() -> None:  # the writer's open and write; its close comes later
-        handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
-        await fs.write(handle.fh, 0, b"n" * 6000)
-        opened.append(handle.fh)
+    async def rewrite() -> None:  # the writer's write; its close comes later
+        await fs.write(writer.fh, 0, b"n" * 6000)
 
     bucket.during_send = rewrite
-    assert not await fs._upload_in_background(fs.inodes[ino])  # to be retried
+    with pytest.raises(UploadedOtherBytes):  # (an fsync's or a sync's upload)
+        await fs._sync(fs.inodes[ino])
     assert bucket.names() == ["c"]
     await fs.unlink(ROOT_INO, "c")
-    await fs.release(opened[0])
+    await fs.release(writer.fh)
     nursery.start_soon(fs.run_uploads, 2, 0.05)
     await deletes_done(fs)
     await settle(fs)

@@ -193,17 +193,29 @@ async def test_a_new_file_renamed_over_one_in_gcs_replaces_it_by_its_upload(
 async def test_a_file_open_with_changes_is_moved_after_its_last_close(
     make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
 ) -> None:
-    """Renamed while its upload runs and while open for writing again: no partial object
-    ever appears under either name; its last close's bytes end up under the new one."""
+    """Renamed while its upload runs, then opened for writing again (the open waits for
+    the upload under way, `_after_upload`): no partial object ever appears under either
+    name; its last close's bytes end up under the new one."""
     bucket = GatedBucket("write_file")
     fs = make_fs(bucket)
     ino = await write_new(fs, "f.tmp", b"first")
     nursery.start_soon(fs.run_uploads, 2)
     await bucket.entered.wait()
-    handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
     await fs.rename(ROOT_INO, "f.tmp", ROOT_INO, "f")
+    opened: list[int] = []
+
+    async def open_again() -> None:
+        opened.append((await fs.open(ino, os.O_WRONLY | os.O_TRUNC)).fh)
+
+    nursery.start_soon(open_again)
+    await trio.testing.wait_all_tasks_blocked()
+    assert opened == []  # waiting for the upload
     bucket.held.clear()
     bucket.gate.set()
+    with trio.fail_after(30):
+        while not opened:
+            await trio.sleep(0.01)
+    handle = fs.files[opened[0]]
     await fs.write(handle.fh, 0, b"sec")
     for _ in range(20):  # the move runs meanwhile: it must not publish "sec"
         await trio.sleep(0.01)
@@ -477,3 +489,50 @@ class _DeletesRefusedAtRecovery(MemoryBucket):
             await trio.lowlevel.checkpoint()
             raise AccessDenied(f"{name}: retention policy")
         await super().delete(name, **kwargs)
+
+
+class _HeldBeforeReading(GatedBucket):
+    """Holds each whole-file upload before it reads the file (a slow start: the request
+    limiter, the throttle, the worker thread)."""
+
+    def __init__(self, *held: str) -> None:
+        super().__init__(*held)
+        self.made: list[bytes] = []  # each upload's bytes, in order
+
+    async def write_file(self, name: str, path: str, **kwargs: Any) -> Any:
+        await self._wait("write_file")
+        info = await MemoryBucket.write_file(self, name, path, **kwargs)
+        self.made.append(self.get(name))
+        return info
+
+
+async def test_a_file_opened_for_writing_during_its_upload_never_goes_up_torn(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """A closed file reopened with O_TRUNC and written while its background upload was
+    starting: the upload read the file as the writer had left it, so GCS got bytes that
+    were neither the closed file nor the next one, and the journal let go of the record
+    (the upload's version had been counted before). A writable open now waits for an
+    upload of the file under way."""
+    bucket = _HeldBeforeReading("write_file")
+    fs = make_fs(bucket)
+    ino = await write_new(fs, "f", b"first")
+    nursery.start_soon(fs.run_uploads, 2)
+    await bucket.entered.wait()
+    written = trio.Event()
+
+    async def writer() -> None:
+        handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC)
+        await fs.write(handle.fh, 0, b"sec")
+        written.set()
+        await fs.write(handle.fh, 3, b"ond")
+        await fs.release(handle.fh)
+
+    nursery.start_soon(writer)
+    await trio.testing.wait_all_tasks_blocked()
+    bucket.gate.set()
+    with trio.fail_after(30):
+        await written.wait()
+    await settle(fs)
+    await fs.sync_all()
+    assert bucket.made == [b"first", b"second"]  # never b"sec": each upload a closed file

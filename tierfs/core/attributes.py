@@ -37,6 +37,7 @@ class Attributes(_Base):
             if inode.kind is Kind.DIR:
                 raise IsADirectory(inode.path)
             self._writable()
+            await self._after_upload(inode)
             await self._truncate(inode, size)
         if mtime_ns is not None:
             self._writable()

@@ -360,6 +360,7 @@ class Filesystem(
         )
         if writable:
             await self._settle(inode.path)
+            await self._after_upload(inode)
         object_name = self._read_object(inode)
         backing_id = await self.backings.open(inode, object_name, eligible=eligible)
         handle = self._open_handle(inode, writable=writable, flags=flags)

@@ -150,6 +150,15 @@ class WritePath(_Base):
                 return
             self.journal.discard(staged.record_id)  # two unlinks; a conflict was moved aside
 
+    async def _after_upload(self, inode: Inode) -> None:
+        """Before a change to a write-back file's bytes by an open for writing or a
+        truncate: an upload of it under way (its lock held) ends first. It reads the file
+        as it sends it: changed meanwhile, GCS got bytes of a file still being written, and
+        the journal let go of the closed version's record. Bounded by the upload's own."""
+        if self.journal is not None and inode.staged is not None and inode.lock.locked():
+            async with self._lock(inode):
+                pass
+
     def _forget_record(self, inode: Inode) -> None:
         """An unlinked write-back file still open: drop its journal record and file now
         (its handles read and write through the open descriptor), or the next mount, after
