@@ -941,3 +941,31 @@ def test_a_step_removed_listed_and_made_again_is_made(
     assert os.listdir(mount.path) == ["step_100"]
     assert tierfs_sync(mount).returncode == 0
     assert objects(gcs_client, bucket_name) == {"step_100/": b"", "step_100/b": b"b"}
+
+
+def test_a_second_mount_on_the_same_journal_is_refused_in_one_line(
+    mount_factory: MountFactory, emulator: Emulator, bucket_name: str, tmp_path: Path
+) -> None:
+    """Two write-back mounts of one bucket on one cache-dir shared one journal, and the
+    second one's recovery deleted the first one's files being written. The second now
+    fails in one line; another only-dir has a journal of its own."""
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    first = mount_factory("--write-back", cache)
+    (first.path / "d").mkdir()
+    with open(first.path / "d" / "open", "wb") as writing:  # the first one's file, open
+        writing.write(b"being written")
+        writing.flush()
+        second = Mount(emulator, bucket_name, tmp_path / "two", tmp_path / "two.log", [])
+        second.args = ["--write-back", cache]
+        second.path.mkdir()
+        try:
+            result = subprocess.run(second.command(), capture_output=True, text=True, timeout=120)
+            assert result.returncode != 0
+            assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+            assert "another tierfs mount of gs://" in result.stderr
+            third = mount_factory("--write-back", cache, "--only-dir=d", name="three")
+            assert os.listdir(third.path) == []  # (d/open is not closed: not in GCS yet)
+        finally:
+            second.cleanup()
+        writing.write(b", still")
+    assert (first.path / "d" / "open").read_bytes() == b"being written, still"

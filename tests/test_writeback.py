@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -1160,3 +1162,38 @@ async def test_a_journal_disk_gone_read_only_does_not_end_the_uploader(
     await settle(fs)
     assert bucket.get("f") == b"bytes"
     assert failures == [] and fs.journal.pending() == []
+
+
+async def test_one_journal_is_one_daemons(tmp_path: Path) -> None:
+    """Two daemons of one bucket on one cache-dir shared its journal: the second one's
+    recovery took the first one's spare files and files being written for leftovers of a
+    crash and deleted them (the first then committed into unlinked files: a crash lost
+    closed files), and uploaded the first one's pending records under it. The second is
+    refused now; a mount of another only-dir has a journal of its own."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from tierfs.core.writeback import Journal; "
+            "journal = Journal(Path(sys.argv[1]), 'wb'); journal.make_spares(2); "
+            "print('held', flush=True); time.sleep(120)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(writeback.JournalInUse, match="another tierfs mount of gs://wb"):
+            Journal(tmp_path, "wb")
+        other = Journal(tmp_path, "wb", only_dir="x")  # another only-dir: its own journal
+        held = [d for d in other.dir.parent.iterdir() if d.is_dir() and d != other.dir]
+        assert len(held) == 1 and len(list(held[0].glob("*.data"))) == 2  # spares untouched
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    journal = Journal(tmp_path, "wb")  # the holder is gone (kill -9): free again
+    assert journal.pending() == []

@@ -13,6 +13,7 @@ loop runs inside it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -226,7 +227,9 @@ async def _serve_mounted(
     if config["write:write-back"]:
         root = settings.writeback_root(config)[1]
         try:
-            journal = await trio.to_thread.run_sync(Journal, Path(root), config.bucket)
+            journal = await trio.to_thread.run_sync(
+                functools.partial(Journal, Path(root), config.bucket, only_dir=config["only-dir"])
+            )
             recovered = await journal.recover(bucket, trio.to_thread.run_sync)
         except OSError as err:
             ready(f"cannot use {root} for write-back: {err.strerror or err}")

@@ -63,6 +63,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -154,18 +155,47 @@ def file_crc32c(path: Path | str) -> str:
     return base64.b64encode(checksum.digest()).decode()
 
 
+class JournalInUse(OSError):
+    """Another live daemon has this journal: the second one's recovery would take the
+    first one's files for leftovers of a crash (its spares, files still being written)."""
+
+
+def _lock(path: Path, bucket: str, only_dir: str) -> int:
+    """Hold the journal's lock for the life of this process (a POSIX record lock: the
+    kernel drops it when the process ends, kill -9 included; one process may open the
+    journal again, as the tests' next mounts do); `JournalInUse` if another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        if err.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        where = f"gs://{bucket}/{only_dir}" if only_dir else f"gs://{bucket}"
+        raise JournalInUse(
+            errno.EBUSY,
+            f"another tierfs mount of {where} uses this write-back journal "
+            "(one mount per bucket and only-dir on a cache-dir)",
+        ) from None
+    return fd
+
+
 class Journal:
     """The write-back directory of one bucket. Blocking methods: call them from a thread
     (but `commit` of a non-durable record where `inline`)."""
 
-    def __init__(self, root: Path, bucket: str, *, xattrs: bool | None = None) -> None:
-        digest = hashlib.sha256(bucket.encode("utf-8")).hexdigest()[:16]
+    def __init__(
+        self, root: Path, bucket: str, *, only_dir: str = "", xattrs: bool | None = None
+    ) -> None:
+        key = f"{bucket}/{only_dir}" if only_dir else bucket  # (a bucket alone: as before)
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
         self.dir = Path(root) / "tierfs-writeback" / digest
         self.conflicts_dir = self.dir / "conflicts"
         Path(root).mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         for directory in (self.dir.parent, self.dir, self.conflicts_dir):
             directory.mkdir(mode=_DIR_MODE, exist_ok=True)
             os.chmod(directory, _DIR_MODE)
+        self._lock_fd = _lock(self.dir.parent / f"{digest}.lock", bucket, only_dir)
         self.moves = MoveLog(self.dir)
         self.deletes = DeleteLog(self.dir)
         # Records as attributes of their data files (None: wherever the file system can).
