@@ -209,6 +209,22 @@ def test_bucket_missing(mountpoint_dir: Path, endpoint_args: list[str]) -> None:
     assert_nothing_left(mountpoint_dir)
 
 
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_log_file_in_a_missing_directory(
+    mountpoint_dir: Path, bucket_name: str, endpoint_args: list[str], foreground: bool
+) -> None:
+    """Said 'internal error: FileNotFoundError' (twice prefixed, in the background)."""
+    log = mountpoint_dir.parent / "absent" / "tierfs.log"
+    extra = ["--foreground"] if foreground else []
+    result = tierfs(
+        "mount", *endpoint_args, *extra, f"--log-file={log}", bucket_name, str(mountpoint_dir)
+    )
+    assert one_line_error(result) == (
+        f"tierfs: cannot write the log file {log} (log-file): No such file or directory"
+    )
+    assert_nothing_left(mountpoint_dir)
+
+
 def test_mountpoint_missing(tmp_path: Path, bucket_name: str, endpoint_args: list[str]) -> None:
     path = tmp_path / "absent"
     result = tierfs("mount", *endpoint_args, bucket_name, str(path))

@@ -244,13 +244,6 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     from tierfs.cli.memory import tune_allocator
     from tierfs.mount import serve
 
-    logs.setup(config, foreground=ready_fd is None)
-    if ready_fd is not None:  # the terminal had them from the parent; the log gets them here
-        for warning in config.warnings:
-            logging.getLogger("tierfs").warning("%s", warning)
-    tune_allocator(
-        config["ram-cache:block-size-mb"] << 20, max(0, config["ram-cache:max-size-mb"]) << 20
-    )
     failures: list[str] = []
 
     def ready(message: str | None) -> None:
@@ -263,6 +256,18 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
         elif message is not None:
             print(f"{PROG}: {message}", file=sys.stderr)
 
+    try:
+        logs.setup(config, foreground=ready_fd is None)
+    except OSError as err:  # (a directory that is not there: not an internal error)
+        path = config["logging:file-path"]
+        ready(f"cannot write the log file {path} (log-file): {err.strerror or err}")
+        return 1
+    if ready_fd is not None:  # the terminal had them from the parent; the log gets them here
+        for warning in config.warnings:
+            logging.getLogger("tierfs").warning("%s", warning)
+    tune_allocator(
+        config["ram-cache:block-size-mb"] << 20, max(0, config["ram-cache:max-size-mb"]) << 20
+    )
     trio.run(serve, config, ready)
     return 1 if failures else 0
 
