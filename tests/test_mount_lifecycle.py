@@ -195,6 +195,33 @@ def test_a_mount_whose_daemon_does_not_answer_is_never_waited_for(
     assert os.listdir(fresh.path) == []
 
 
+def test_a_mountpoint_reached_through_a_symlink(
+    tmp_path: Path, bucket_name: str, endpoint_args: list[str]
+) -> None:
+    """``/home`` -> ``/var/home`` (Fedora Atomic): the mount table names the resolved path,
+    and the commands compared it with the path as given. A second mount there was not
+    refused (it stacked on the first), ``tierfs unmount`` said 'not mounted', and
+    ``tierfs stats`` and ``sync`` found no mount answering."""
+    require_fuse()
+    real = tmp_path / "real"
+    (real / "mnt").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    path = str(tmp_path / "link" / "mnt")
+    try:
+        result = tierfs("mount", *endpoint_args, bucket_name, path)
+        assert result.returncode == 0, result.stderr
+        (Path(path) / "f").write_bytes(b"x")
+        busy = one_line_error(tierfs("mount", *endpoint_args, bucket_name, path))
+        assert "is busy" in busy
+        assert len(mount_table(real / "mnt")) == 1
+        for command in (("stats", path), ("sync", path), ("unmount", path)):
+            result = tierfs(*command)
+            assert result.returncode == 0, (command, result.stderr)
+        assert mount_table(real / "mnt") == []
+    finally:
+        force_cleanup(real / "mnt")
+
+
 # --- failures: one line naming the cause, exit != 0, nothing left behind --------------------
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import trio
 
+from tierfs.cli.mountpoint import canonical
+
 MAX_REQUEST_BYTES = 64 << 10  # a request names at most one path
 
 
@@ -30,7 +32,7 @@ def socket_dir() -> Path:
 
 
 def socket_path(mountpoint: str) -> Path:
-    digest = hashlib.sha256(os.path.abspath(mountpoint).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(canonical(mountpoint).encode()).hexdigest()[:20]
     return socket_dir() / f"{digest}.sock"
 
 

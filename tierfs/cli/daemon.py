@@ -24,7 +24,15 @@ from pathlib import Path
 
 from tierfs.cli.fdmount import fuse_fd
 from tierfs.cli.memory import daemon_environment
-from tierfs.cli.mountpoint import ALIVE, HUNG, MountError, mounted_here, probe, unmount
+from tierfs.cli.mountpoint import (
+    ALIVE,
+    HUNG,
+    MountError,
+    canonical,
+    mounted_here,
+    probe,
+    unmount,
+)
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 600.0
@@ -74,7 +82,7 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
 
 def daemon_pids(mountpoint: str) -> list[int]:
     """PIDs of tierfs daemons whose command line names this mountpoint."""
-    target = os.path.abspath(mountpoint)
+    target = canonical(mountpoint)
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -92,7 +100,7 @@ def daemon_pids(mountpoint: str) -> list[int]:
 
 def stop(mountpoint: str, *, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """``tierfs unmount``: unmount, then wait for the daemon to finish its uploads and exit."""
-    path = os.path.abspath(mountpoint)
+    path = canonical(mountpoint)
     entry = mounted_here(path)
     if entry is None:
         raise MountError(f"{path} is not mounted")

@@ -21,7 +21,7 @@ from mount_options.docs import help_text
 from mount_options.target import parse_target
 from tierfs import __version__
 from tierfs.cli import daemon
-from tierfs.cli.mountpoint import MountError
+from tierfs.cli.mountpoint import MountError, canonical
 
 PROG = "tierfs"
 MOUNT_EXTRAS = {
@@ -173,7 +173,7 @@ def _sync(argv: list[str]) -> int:
 
     if len(argv) != 1 or argv[0].startswith("-"):
         raise UsageError("usage: tierfs sync PATH")
-    target = os.path.abspath(argv[0])
+    target = canonical(argv[0])
     mountpoint = tierfs_mount_of(Path(target)) or target
     relative = os.path.relpath(target, mountpoint)
     try:
@@ -299,7 +299,7 @@ def effective_config(line: CommandLine) -> Config:
     return mount_options.load(
         parsed,
         bucket=target.bucket,
-        mountpoint=os.path.abspath(mountpoint),
+        mountpoint=canonical(mountpoint),
         read_text=lambda path: Path(path).read_text(encoding="utf-8"),
         cpu_count=os.cpu_count() or 1,
         absolute=absolute_path,

@@ -38,6 +38,15 @@ class MountEntry:
     fstype: str
 
 
+def canonical(path: str) -> str:
+    """``path`` absolute, with the symlinks above its last part resolved, as the mount table
+    names it (a home reached through a symlink, ``/home`` -> ``/var/home``). The last part
+    itself is never looked up: it may be a mount that does not answer."""
+    absolute = os.path.abspath(path)
+    parent, name = os.path.split(absolute)
+    return os.path.join(os.path.realpath(parent), name) if name else absolute
+
+
 def mounts() -> list[MountEntry]:
     """The mount table (``/proc/self/mounts``), with octal escapes decoded."""
     entries = []
@@ -64,7 +73,7 @@ def _unescape(text: str) -> str:
 def device_of(mountpoint: str) -> str | None:
     """``MAJ:MIN`` of the mount on ``mountpoint`` from /proc/self/mountinfo (no stat: asking
     our own FUSE mount from the thread that serves it would wait for itself)."""
-    path = os.path.abspath(mountpoint)
+    path = canonical(mountpoint)
     found = None
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
         for line in table:
@@ -87,7 +96,7 @@ def set_read_ahead(mountpoint: str, kb: int) -> None:
 
 
 def mounted_here(mountpoint: str) -> MountEntry | None:
-    path = os.path.abspath(mountpoint)
+    path = canonical(mountpoint)
     found = None
     for item in mounts():
         if item.mountpoint == path:
