@@ -173,3 +173,64 @@ def test_wrong_use_is_one_line_and_status_2(args: list[str], says: str) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
     assert result.stderr.startswith("tierfs: csi: ")
+
+
+def test_a_write_back_journal_drained_clean_is_not_pending_and_one_with_data_is(
+    tmp_path: Path,
+) -> None:
+    """A journal keeps its directories and lock file once drained: that counted as data not
+    in GCS (an ERROR at every unpublish of an adopted volume, and its directory kept for
+    good). A record, a data file or a kept conflict still counts."""
+    from tierfs.core.writeback import Journal
+
+    journal = Journal(tmp_path / "vol" / "write-back", "bkt")
+    assert not paths.has_pending_writes(tmp_path / "vol")
+    for leftover in (journal.dir / "1.data", journal.conflicts_dir / "ckpt.1"):
+        leftover.write_bytes(b"x")
+        assert paths.has_pending_writes(tmp_path / "vol")
+        leftover.unlink()
+
+
+def test_unpublish_after_the_daemon_died_keeps_what_it_had_not_uploaded(tmp_path: Path) -> None:
+    """A volume published by this plugin whose daemon died (its restart failed too, so the
+    target is no longer mounted): unpublish deleted the whole volume directory, the
+    write-back journal with the data not in GCS included."""
+    from tierfs.csi.node import Node, NodeSettings, Published
+
+    class Dead:
+        def stop(self, timeout_s: float) -> None:
+            return None
+
+    state = tmp_path / "state"
+    node = Node(NodeSettings("n", tmp_path / "kubelet", state))
+    target = tmp_path / "kubelet" / "pods" / "p" / "mount"
+    target.mkdir(parents=True)
+    directory = state / "volumes" / "v"
+    data = directory / "write-back" / "tierfs-writeback" / "ab" / "1.data"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"closed, not uploaded")
+    (directory / "key.json").write_text("{}")
+    node.volumes[target] = Published("fp", Dead(), directory, 0)  # type: ignore[arg-type]
+    node._unpublish("v", target)
+    assert data.read_bytes() == b"closed, not uploaded"
+    assert not (directory / "key.json").exists() and not target.exists()
+
+
+def test_a_target_that_is_a_mount_is_never_looked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resolving a published target lstat'ed the mount's root: a daemon that does not
+    answer (stopped, deadlocked) held the gRPC thread for good, and with the kubelet's
+    retries every thread, the probe and so every mount on the node."""
+    root = tmp_path / "kubelet"
+    target = root / "pods" / "p" / "mount"
+    target.mkdir(parents=True)
+    real = os.path.realpath
+
+    def realpath(path: str | os.PathLike[str], **kwargs: object) -> str:
+        assert os.fspath(path) != str(target), "the mount itself was looked up"
+        return real(path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(paths, "mounted_here", lambda p: object() if p == str(target) else None)
+    monkeypatch.setattr(os.path, "realpath", realpath)
+    assert paths.resolve_target(str(target), root) == target

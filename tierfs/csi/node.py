@@ -205,7 +205,8 @@ class Node(csi_pb2_grpc.NodeServicer):
                 known.daemon.stop(self.config.exit_timeout_s)
         with contextlib.suppress(FileNotFoundError):
             target.rmdir()
-        pending = paths.has_pending_writes(directory) and known is None
+        # Kept whatever ran it (a daemon that died left its journal: the data not in GCS).
+        pending = paths.has_pending_writes(directory)
         if pending:
             log.error("volume %s: write-back data not in GCS kept in %s", volume_id, directory)
         paths.remove_volume_dir(directory, keep_write_back=pending)

@@ -25,6 +25,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tierfs.cli.mountpoint import mounted_here
+
 RECORD = "volume.json"
 
 
@@ -37,7 +39,12 @@ def resolve_target(target: str, kubelet_root: Path) -> Path:
     if not os.path.isabs(target):
         raise OutsideRoot(f"target path '{target}' is not absolute")
     root = kubelet_root.resolve()
-    resolved = Path(os.path.realpath(target))
+    parent, name = os.path.split(os.path.normpath(target))
+    resolved = Path(os.path.realpath(parent)) / name
+    if mounted_here(str(resolved)) is None:
+        # Not a mount: its last part may be a symlink (followed by mount(2)): resolved too.
+        # A mount is never looked up: its daemon may not answer, and the lstat would wait.
+        resolved = Path(os.path.realpath(resolved))
     if resolved == root or root not in resolved.parents:
         raise OutsideRoot(f"target path '{target}' is outside the kubelet root {root}")
     return resolved
@@ -81,9 +88,13 @@ def read_record(directory: Path) -> dict[str, Any] | None:
 
 
 def has_pending_writes(directory: Path) -> bool:
-    """Anything left in the write-back directory (a journal a later daemon would recover)."""
+    """Whether the write-back directory holds data a later daemon would recover, or a
+    conflict kept for the user: any file but a journal's lock (a journal drained clean
+    keeps its directories and its lock file)."""
     staged = directory / "write-back"
-    return staged.is_dir() and any(staged.rglob("*"))
+    return staged.is_dir() and any(
+        path.is_file() and path.suffix != ".lock" for path in staged.rglob("*")
+    )
 
 
 def remove_volume_dir(directory: Path, *, keep_write_back: bool = False) -> None:
