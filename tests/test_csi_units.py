@@ -234,3 +234,36 @@ def test_a_target_that_is_a_mount_is_never_looked_up(
     monkeypatch.setattr(paths, "mounted_here", lambda p: object() if p == str(target) else None)
     monkeypatch.setattr(os.path, "realpath", realpath)
     assert paths.resolve_target(str(target), root) == target
+
+
+def test_unpublish_of_a_volume_whose_daemon_is_stuck_kills_it_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon alive but not answering (stopped, deadlocked): unpublish said UNAVAILABLE,
+    'being restarted', at every retry, but nothing restarts a daemon that lives on: the pod
+    never finished terminating. It is now killed, the target unmounted, the journal kept."""
+    from tierfs.csi import node as node_module
+    from tierfs.csi.node import Node, NodeSettings, Published
+
+    class Stuck:
+        killed = False
+        pid = 4242
+
+        def kill(self) -> None:
+            self.killed = True
+
+        def stop(self, timeout_s: float) -> None:
+            assert self.killed, "stopped (and waited for) before it was killed"
+
+    monkeypatch.setattr(node_module, "is_fuse_mounted", lambda target: True)
+    monkeypatch.setattr(node_module, "probe", lambda target: node_module.HUNG)
+    state = tmp_path / "state"
+    node = Node(NodeSettings("n", tmp_path / "kubelet", state))
+    target = tmp_path / "kubelet" / "pods" / "p" / "mount"
+    target.mkdir(parents=True)
+    directory = state / "volumes" / "v"
+    directory.mkdir(parents=True)
+    stuck = Stuck()
+    node.volumes[target] = Published("fp", stuck, directory, 0)  # type: ignore[arg-type]
+    node._unpublish("v", target)
+    assert stuck.killed and target not in node.volumes

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -37,7 +39,7 @@ import grpc
 import trio
 
 from tierfs.cli import control, daemon
-from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
+from tierfs.cli.mountpoint import ALIVE, HUNG, MountError, is_stale, mounted_here, probe, unmount
 from tierfs.csi import paths
 from tierfs.csi.daemons import Daemon, StartError, is_fuse_mounted
 from tierfs.csi.metrics import VolumeView
@@ -187,8 +189,11 @@ class Node(csi_pb2_grpc.NodeServicer):
             known.directory if known else paths.volume_dir(self.config.state_dir, volume_id, target)
         )
         if is_fuse_mounted(target):
-            if not is_stale(str(target)):
+            state = probe(str(target))
+            if state == ALIVE:
                 self._upload_pending(target)
+            elif state == HUNG:  # (nothing restarts a daemon that lives on, stuck)
+                self._kill_stuck(volume_id, target, known, directory)
             elif known is not None:
                 raise Failure(Code.UNAVAILABLE, "its daemon died and is being restarted; retry")
             try:
@@ -212,6 +217,28 @@ class Node(csi_pb2_grpc.NodeServicer):
         paths.remove_volume_dir(directory, keep_write_back=pending)
         self.volumes.pop(target, None)
         log.info("unpublished volume %s from %s", volume_id, target)
+
+    def _kill_stuck(
+        self, volume_id: str, target: Path, known: Published | None, directory: Path
+    ) -> None:
+        """A daemon that does not answer (stopped, deadlocked): killed, so that the unmount
+        goes on; what it had closed and not uploaded stays in its journal."""
+        pids = [known.daemon.pid] if known is not None else daemon.daemon_pids(str(target))
+        log.error(
+            "volume %s: the daemon on %s (pid %s) does not answer; killed (write-back data "
+            "not in GCS, if any, is kept in %s)",
+            volume_id,
+            target,
+            ", ".join(str(pid) for pid in pids if pid is not None) or "?",
+            directory,
+        )
+        if known is not None:
+            known.daemon.kill()
+            return
+        for pid in pids:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _upload_pending(self, target: Path) -> None:
         timeout_s = self.config.upload_timeout_s
