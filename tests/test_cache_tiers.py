@@ -8,6 +8,7 @@ import errno
 import hashlib
 import logging
 import math
+import mmap
 import os
 import re
 import stat
@@ -598,6 +599,62 @@ async def test_ssd_pinned_file_is_unlinked_never_punched(tmp_path: Path) -> None
     ssd.unpin(pinned)
     for key, _ in blocks:
         assert await ssd.get(key) is None
+
+
+async def test_ssd_a_file_mapped_through_passthrough_is_never_punched_after_close(
+    tmp_path: Path,
+) -> None:
+    """``np.load(mmap_mode='r')``, safetensors: open, mmap, close, read on. The mapping
+    reads the backing file, so the close's RELEASE unpins it while it is still in use, and
+    the eviction of one block then punched a hole the mapping read as zeros. A file once
+    handed to the kernel is unlinked whole instead (the mapping keeps its inode)."""
+    ssd = await open_ssd(tmp_path, max_bytes=3 * (BLOCK + 4096) + 4096)
+    blocks = shard()
+    for key, data in blocks:
+        await ssd.put(key, data)
+    pinned = await ssd.passthrough("ckpt/shard", 7, SHARD_SIZE)
+    assert pinned is not None
+    with pinned.path.open("rb") as kernel_copy:
+        mapped = mmap.mmap(kernel_copy.fileno(), 0, prot=mmap.PROT_READ)
+    ssd.unpin(pinned)  # the close's RELEASE: the mapping lives on
+    try:
+        key = BlockKey("other", 1, 0)
+        await ssd.put(key, payload(key, BLOCK))  # evicts block 0 of the shard, the oldest
+        assert mapped[:] == b"".join(data for _, data in blocks)  # never zeros
+    finally:
+        mapped.close()
+    assert ssd.statistics()["corrupt"] == 0
+
+
+async def test_ssd_a_put_into_a_file_made_anew_is_never_unlinked_under_it(
+    tmp_path: Path,
+) -> None:
+    """An object whose old file the kernel still reads (pinned), evicted whole, then put
+    again into a new file: a drop of it while that put wrote took the old pin for the new
+    file and unlinked the file being written (its block then read as zeros). A file being
+    written is punched, never unlinked."""
+    ssd = await open_ssd(tmp_path, max_bytes=4 * (BLOCK + 4096))
+    blocks = shard()
+    for key, data in blocks:
+        await ssd.put(key, data)
+    pinned = await ssd.passthrough("ckpt/shard", 7, SHARD_SIZE)
+    assert pinned is not None
+    for n in range(3):  # the pinned shard goes whole, its file unlinked (the pin stays)
+        key = BlockKey(f"other{n}", 1, 0)
+        await ssd.put(key, payload(key, BLOCK))
+    assert await ssd.get(blocks[0][0]) is None
+    await ssd.put(*blocks[1])  # into a new data file
+    obj = ssd.data_path_of("ckpt/shard", 7).name.removesuffix(".data")
+    (stem,) = ssd._objects[obj]
+    ssd._writing[obj] += 1  # another put into that file is under way
+    try:
+        ssd._forget(stem)  # evicted meanwhile
+        (drop,) = ssd._drops([stem])
+        assert drop.punch is not None  # punched: the file being written stays
+    finally:
+        ssd._writing[obj] -= 1
+        ssd._release([drop])
+    ssd.unpin(pinned)
 
 
 async def test_ssd_unpinned_eviction_punches_only_that_block(tmp_path: Path) -> None:

@@ -93,6 +93,35 @@ def test_remount_reads_the_sealed_cache_file_directly(cached: Cached) -> None:
     assert "passthrough opens 3   handed to the kernel " in human.stdout
 
 
+def test_a_mapping_kept_after_close_never_reads_zeros_when_the_cache_evicts(
+    cached: Cached,
+) -> None:
+    """``np.load(mmap_mode='r')``, safetensors: open, mmap, close, read on. The mapping
+    reads the SSD tier's file (passthrough). Where the kernel sends the close's RELEASE
+    while the mapping lives (the mapping holds the backing file only), the file was
+    unpinned, and the next eviction of one of its blocks punched a hole the mapping read
+    as zeros (core: `test_cache_tiers.py::
+    test_ssd_a_file_mapped_through_passthrough_is_never_punched_after_close`). The
+    kernel here (6.18) keeps the open until the mapping goes: both hold."""
+    data = cached.fill(3 * BLOCK + 12345)
+    again = cached.remount("--file-cache-max-size-mb=40")
+    path = again.path / "ckpt" / "shard-0"
+    with path.open("rb") as f:
+        view = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    try:
+        other = os.urandom(3 * BLOCK)
+        upload(cached.client, cached.bucket, "ckpt/other", other)
+        assert (again.path / "ckpt" / "other").read_bytes() == other  # 24 MiB more: evicts
+        deadline = time.monotonic() + 60
+        while stats(again)["data"]["tiers"]["ssd"]["evictions"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        drop_page_cache()
+        assert view[:] == data
+    finally:
+        view.close()
+
+
 def test_a_changed_cache_file_loses_its_seal_and_is_checked_block_by_block(cached: Cached) -> None:
     data = cached.fill(2 * BLOCK + 999)
     (data_file,) = cached.cache.rglob("*.data")

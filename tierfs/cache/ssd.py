@@ -172,6 +172,9 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         self._trusted: set[str] = set()  # stems written or CRC-checked by this process
         self._sealed: set[str] = set()  # objects whose seal this process wrote or checked
         self._pins: Counter[str] = Counter()
+        # Objects whose file was handed to the kernel (passthrough) and is not unlinked
+        # since: a mapping made through it outlives the open's pin (`_drops`).
+        self._handed: set[str] = set()
         self._writing: Counter[str] = Counter()  # objects with a put under way
         self._forgets = 0  # blocks ever forgotten: did the index change during an await?
         self._used_bytes = 0

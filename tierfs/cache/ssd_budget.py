@@ -58,26 +58,33 @@ class _Budget(_Base):
     def _drops(self, stems: list[str], *, whole: bool = False) -> list[_Drop]:
         """What to delete for ``stems`` (already forgotten), object by object; mark busy.
 
-        An object with no block left, or pinned by a passthrough open (whose file the
-        kernel reads: a punched range would read as zeros), loses its whole data file;
-        the pinned object's other blocks are forgotten with it."""
+        An object with no block left, or whose file was handed to the kernel (passthrough:
+        an open still pinning it, or a mapping made through one, which outlives its
+        close), loses its whole data file: a punched range would read as zeros, an
+        unlinked file lives on for its readers. Its other blocks are forgotten with it.
+        A file a put is writing is punched, never unlinked: a pin or a mapping of this
+        object is then of an older file, already unlinked, and the put's block would land
+        in an unlinked file while its record is published."""
         by_object: dict[str, list[str]] = {}
         for stem in stems:
             by_object.setdefault(_object_of(stem), []).append(stem)
         drops = []
         for obj, gone in by_object.items():
             remaining = self._objects.get(obj, set())
-            if remaining and (whole or obj in self._pins):
+            writing = obj in self._writing
+            handed = not writing and (obj in self._pins or obj in self._handed)
+            if remaining and (whole or handed):
                 gone.extend(remaining)
                 for stem in list(remaining):
                     self._forget(stem)
                 remaining = set()
             punch = None
-            if remaining or (obj in self._writing and obj not in self._pins):
+            if remaining or writing:
                 size = self._block_size
                 punch = tuple((_index_of(stem) * size, size) for stem in gone)
             else:
                 self._busy_objects.add(obj)
+                self._handed.discard(obj)  # (its file goes: a new one is not handed yet)
             self._busy.update(gone)
             drops.append(
                 _Drop(

@@ -132,6 +132,7 @@ class _Seals(_Base):
         for stem in self._objects[obj]:
             self._index.move_to_end(stem)
         self._pins[obj] += 1
+        self._handed.add(obj)
         self._passthrough_opens += 1
         self._passthrough_bytes += size
         return Passthrough(self._data_path(obj), obj, size)
