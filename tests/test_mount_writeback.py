@@ -88,7 +88,7 @@ def test_fsync_is_durable_locally_and_asks_gcs_nothing(
         handle.flush()
         os.fsync(handle.fileno())
         numbers = stats(mount)  # the control socket, not GCS
-        records = Journal(tmp_path / "cache", bucket_name).pending()
+        records = Journal(tmp_path / "cache", bucket_name, lock=False).pending()
         assert len(records) == 1  # the journal record is on disk (the data was fsync'd)
         os.fsync(handle.fileno())
         assert stats(mount)["gcs"]["requests"] == numbers["gcs"]["requests"]
@@ -151,7 +151,12 @@ def test_kill_9_before_upload_then_remount_uploads_every_closed_file(
     assert objects(gcs_client, bucket_name) == {"step_1/": b"", **closed}
     assert (again.path / "model.pt").read_bytes() == closed["model.pt"]
     journal = next((tmp_path / "cache" / "tierfs-writeback").iterdir())
-    assert sorted(p.name for p in journal.iterdir()) == ["conflicts", "deletes", "moves"]
+    assert sorted(p.name for p in journal.iterdir()) == [
+        "conflicts",
+        "deletes",
+        "journal.lock",
+        "moves",
+    ]
     assert list((journal / "moves").iterdir()) == []  # nothing left over
     # A third mount finds nothing to do: nothing is uploaded twice.
     before = {b.name: b.generation for b in gcs_client.list_blobs(bucket_name)}

@@ -54,6 +54,9 @@ returned): they are deleted. Layout::
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/conflicts/  kept, never uploaded
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/moves/      directory renames under way
     <dir>/tierfs-writeback/<sha256(bucket)[:16]>/deletes/    unlinks whose GCS delete runs
+    <dir>/tierfs-writeback/<sha256(bucket)[:16]>/journal.lock held by the daemon using it
+
+(with an ``only-dir``, the hash is of ``bucket/only-dir``).
 
 Files are 0600 and directories 0700: they hold the user's data.
 """
@@ -185,8 +188,15 @@ class Journal:
     (but `commit` of a non-durable record where `inline`)."""
 
     def __init__(
-        self, root: Path, bucket: str, *, only_dir: str = "", xattrs: bool | None = None
+        self,
+        root: Path,
+        bucket: str,
+        *,
+        only_dir: str = "",
+        xattrs: bool | None = None,
+        lock: bool = True,
     ) -> None:
+        """``lock`` False: to look only, while a daemon may hold the journal."""
         key = f"{bucket}/{only_dir}" if only_dir else bucket  # (a bucket alone: as before)
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
         self.dir = Path(root) / "tierfs-writeback" / digest
@@ -195,7 +205,7 @@ class Journal:
         for directory in (self.dir.parent, self.dir, self.conflicts_dir):
             directory.mkdir(mode=_DIR_MODE, exist_ok=True)
             os.chmod(directory, _DIR_MODE)
-        self._lock_fd = _lock(self.dir.parent / f"{digest}.lock", bucket, only_dir)
+        self._lock_fd = _lock(self.dir / "journal.lock", bucket, only_dir) if lock else -1
         self.moves = MoveLog(self.dir)
         self.deletes = DeleteLog(self.dir)
         # Records as attributes of their data files (None: wherever the file system can).
