@@ -37,6 +37,7 @@ from tierfs.cache.ssd_format import (
     _header,
     capacity_for,
 )
+from tierfs.cache.ssd_seals import Passthrough
 from tierfs.core import uploads as uploads_module
 from tierfs.core.background import Background
 from tierfs.core.blocks import Blocks
@@ -582,17 +583,30 @@ async def test_ssd_seal_breaks_when_the_file_changes(tmp_path: Path, change: str
     assert damaged == (0 if change in ("same bytes", "replace") else 1)
 
 
-async def test_ssd_pinned_file_is_unlinked_never_punched(tmp_path: Path) -> None:
-    ssd = await open_ssd(tmp_path, max_bytes=4 * (BLOCK + 4096))
+async def pinned_shard(
+    root: Path, max_bytes: int
+) -> tuple[SsdTier, list[tuple[BlockKey, bytes]], Passthrough]:
+    """An SSD tier holding a whole shard, handed to the kernel (pinned) as passthrough."""
+    ssd = await open_ssd(root, max_bytes=max_bytes)
     blocks = shard()
     for key, data in blocks:
         await ssd.put(key, data)
     pinned = await ssd.passthrough("ckpt/shard", 7, SHARD_SIZE)
     assert pinned is not None
+    return ssd, blocks, pinned
+
+
+async def push_out(ssd: SsdTier, count: int) -> None:
+    """Put ``count`` blocks of other objects: the oldest go."""
+    for n in range(count):
+        key = BlockKey(f"other{n}", 1, 0)
+        await ssd.put(key, payload(key, BLOCK))
+
+
+async def test_ssd_pinned_file_is_unlinked_never_punched(tmp_path: Path) -> None:
+    ssd, blocks, pinned = await pinned_shard(tmp_path, 4 * (BLOCK + 4096))
     with pinned.path.open("rb") as kernel_copy:  # as the kernel holds its backing file
-        for n in range(3):  # push the shard's blocks out
-            key = BlockKey(f"other{n}", 1, 0)
-            await ssd.put(key, payload(key, BLOCK))
+        await push_out(ssd, 3)  # the shard's blocks
         assert not pinned.path.exists()  # the whole file went, at its first evicted block
         assert ssd.statistics()["entries"] == 3  # ... and with it every block of the shard
         assert kernel_copy.read() == b"".join(data for _, data in blocks)  # intact
@@ -608,18 +622,12 @@ async def test_ssd_a_file_mapped_through_passthrough_is_never_punched_after_clos
     reads the backing file, so the close's RELEASE unpins it while it is still in use, and
     the eviction of one block then punched a hole the mapping read as zeros. A file once
     handed to the kernel is unlinked whole instead (the mapping keeps its inode)."""
-    ssd = await open_ssd(tmp_path, max_bytes=3 * (BLOCK + 4096) + 4096)
-    blocks = shard()
-    for key, data in blocks:
-        await ssd.put(key, data)
-    pinned = await ssd.passthrough("ckpt/shard", 7, SHARD_SIZE)
-    assert pinned is not None
+    ssd, blocks, pinned = await pinned_shard(tmp_path, 3 * (BLOCK + 4096) + 4096)
     with pinned.path.open("rb") as kernel_copy:
         mapped = mmap.mmap(kernel_copy.fileno(), 0, prot=mmap.PROT_READ)
     ssd.unpin(pinned)  # the close's RELEASE: the mapping lives on
     try:
-        key = BlockKey("other", 1, 0)
-        await ssd.put(key, payload(key, BLOCK))  # evicts block 0 of the shard, the oldest
+        await push_out(ssd, 1)  # block 0 of the shard, the oldest
         assert mapped[:] == b"".join(data for _, data in blocks)  # never zeros
     finally:
         mapped.close()
@@ -633,15 +641,8 @@ async def test_ssd_a_put_into_a_file_made_anew_is_never_unlinked_under_it(
     again into a new file: a drop of it while that put wrote took the old pin for the new
     file and unlinked the file being written (its block then read as zeros). A file being
     written is punched, never unlinked."""
-    ssd = await open_ssd(tmp_path, max_bytes=4 * (BLOCK + 4096))
-    blocks = shard()
-    for key, data in blocks:
-        await ssd.put(key, data)
-    pinned = await ssd.passthrough("ckpt/shard", 7, SHARD_SIZE)
-    assert pinned is not None
-    for n in range(3):  # the pinned shard goes whole, its file unlinked (the pin stays)
-        key = BlockKey(f"other{n}", 1, 0)
-        await ssd.put(key, payload(key, BLOCK))
+    ssd, blocks, pinned = await pinned_shard(tmp_path, 4 * (BLOCK + 4096))
+    await push_out(ssd, 3)  # the pinned shard goes whole, its file unlinked (the pin stays)
     assert await ssd.get(blocks[0][0]) is None
     await ssd.put(*blocks[1])  # into a new data file
     obj = ssd.data_path_of("ckpt/shard", 7).name.removesuffix(".data")

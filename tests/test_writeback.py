@@ -1097,7 +1097,7 @@ async def test_a_lookup_answered_before_an_upload_ended_does_not_take_the_file_b
     await fs.release(handle.fh)
 
 
-class _DeletesRefused(MemoryBucket):
+class DeletesRefused(MemoryBucket):
     """A bucket where this mount may write but not delete (a role without
     ``storage.objects.delete``), until ``refuse`` is False."""
 
@@ -1118,7 +1118,7 @@ async def test_a_create_behind_a_delete_that_keeps_failing_fails_rather_than_wai
     """``rm f; touch f`` where GCS refuses the delete: the create waited for the delete,
     retried for ever, so it hung for good (and so did ``tierfs sync``). It now fails with
     the delete's error, and works once the delete does."""
-    bucket = _DeletesRefused()
+    bucket = DeletesRefused()
     fs = Filesystem(
         bucket,
         Settings(temp_dir=str(tmp_path / "tmp"), implicit_dirs=True),

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.test_writeback import Crash, CrashingBucket, settle, write_new
+from tests.test_writeback import Crash, CrashingBucket, DeletesRefused, settle, write_new
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
@@ -251,11 +251,9 @@ async def test_a_crash_in_a_file_move_is_finished_by_the_next_mount(
     assert journal.moves.pending() == []
 
 
-async def test_a_crash_while_the_renamed_file_was_uploading_is_finished_by_the_next_mount(
-    tmp_path: Path,
-) -> None:
-    """Its journal record names the old object and the move record says where it goes: the
-    next mount uploads, then moves."""
+async def killed_while_the_renamed_file_uploads(tmp_path: Path) -> GatedBucket:
+    """``y.tmp`` written, its upload under way (held), renamed to ``y``, then the daemon
+    killed: the bucket, its hold let go, for the next mount's recovery."""
     bucket = GatedBucket("write_file")
     async with trio.open_nursery() as daemon:
         fs = Filesystem(
@@ -269,6 +267,15 @@ async def test_a_crash_while_the_renamed_file_was_uploading_is_finished_by_the_n
         daemon.cancel_scope.cancel()  # kill -9: the held upload never ends
     fs.close()
     bucket.held.clear()
+    return bucket
+
+
+async def test_a_crash_while_the_renamed_file_was_uploading_is_finished_by_the_next_mount(
+    tmp_path: Path,
+) -> None:
+    """Its journal record names the old object and the move record says where it goes: the
+    next mount uploads, then moves."""
+    bucket = await killed_while_the_renamed_file_uploads(tmp_path)
     journal = Journal(tmp_path / "cache", "wb")
     recovered = await journal.recover(bucket, trio.to_thread.run_sync)
     assert recovered.uploaded == ["y.tmp"] and len(recovered.moves) == 1
@@ -435,19 +442,7 @@ async def test_a_rename_waits_in_the_journal_for_the_upload_it_follows(tmp_path:
     again (GCS down): the journaled move ran anyway, found no object to move and ended, and
     the mount after uploaded the file under its old name: the rename lost. The move now
     waits in the journal with its upload, and the mount after finishes both."""
-    bucket = GatedBucket("write_file")
-    async with trio.open_nursery() as daemon:
-        fs = Filesystem(
-            bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
-        )
-        fs.background = Background(daemon)
-        await write_new(fs, "y.tmp", b"y" * 700)
-        daemon.start_soon(fs.run_uploads, 2)
-        await bucket.entered.wait()
-        await fs.rename(ROOT_INO, "y.tmp", ROOT_INO, "y")
-        daemon.cancel_scope.cancel()  # kill -9: the held upload never ends
-    fs.close()
-    bucket.held.clear()
+    bucket = await killed_while_the_renamed_file_uploads(tmp_path)
     bucket.fail_next("write_file", BackendError("503"))
     journal = Journal(tmp_path / "cache", "wb")
     recovered = await journal.recover(bucket, trio.to_thread.run_sync)
@@ -463,7 +458,7 @@ async def test_a_delete_gcs_refuses_does_not_stop_the_next_mounts(tmp_path: Path
     """A journaled delete GCS refuses (a role without storage.objects.delete, a retention
     policy): its error ended recovery, so that mount failed, and every mount after it until
     someone removed the record by hand. It is now logged and kept for the next mount."""
-    bucket = _DeletesRefusedAtRecovery()
+    bucket = DeletesRefused()
     bucket.put("old", b"kept by a retention policy")
     fs = Filesystem(
         bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
@@ -477,18 +472,6 @@ async def test_a_delete_gcs_refuses_does_not_stop_the_next_mounts(tmp_path: Path
     bucket.refuse = False
     recovered = await Journal(tmp_path / "cache", "wb").recover(bucket, trio.to_thread.run_sync)
     assert len(recovered.deletes) == 1 and bucket.names() == []
-
-
-class _DeletesRefusedAtRecovery(MemoryBucket):
-    def __init__(self) -> None:
-        super().__init__("wb")
-        self.refuse = True
-
-    async def delete(self, name: str, **kwargs: Any) -> None:
-        if self.refuse:
-            await trio.lowlevel.checkpoint()
-            raise AccessDenied(f"{name}: retention policy")
-        await super().delete(name, **kwargs)
 
 
 class _HeldBeforeReading(GatedBucket):
