@@ -379,6 +379,44 @@ def test_an_unmount_with_gcs_gone_leaves_write_back_files_to_the_next_mount(
     assert {n: bucket.blob(n).download_as_bytes() for n in files} == files
 
 
+def test_a_create_behind_a_delete_gcs_refuses_fails_in_seconds_then_works(
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    fault_proxy: FaultProxy,
+) -> None:
+    """``rm f; touch f`` with write-back where GCS refuses the delete (403: a role without
+    storage.objects.delete): the create waited for the delete, retried for ever, and hung
+    in D state. It fails with EIO once two attempts failed, and works once one succeeds."""
+    gcs_client.bucket(bucket_name).blob("f").upload_from_string(b"old")
+    mount = mount_factory(fault_proxy.option, "--write-back", f"--cache-dir={tmp_path / 'c'}")
+    mount.expect_errors = True
+    refused = fault_proxy.faults.add(Rule(Action(status=403), method="DELETE", times=2))
+    os.unlink(mount.path / "f")
+
+    def create() -> None:
+        (mount.path / "f").write_bytes(b"new")
+
+    start = time.monotonic()
+    with pytest.raises(OSError) as failed:
+        create()
+    took = time.monotonic() - start
+    assert failed.value.errno == errno.EIO
+    assert took < 30, f"the create took {took:.1f} s"
+    assert refused.fired == 2
+    deadline = time.monotonic() + 60
+    while True:  # the third attempt, 10 s later, goes through
+        try:
+            create()
+            break
+        except OSError as err:
+            assert err.errno == errno.EIO and time.monotonic() < deadline
+            time.sleep(0.5)
+    assert "error" not in request(str(mount.path), "sync", 60, {"path": ""})
+    assert gcs_client.bucket(bucket_name).blob("f").download_as_bytes() == b"new"
+
+
 # --- a control client that leaves early -------------------------------------------------------
 
 
