@@ -557,6 +557,30 @@ async def test_a_record_too_large_for_an_attribute_goes_to_a_file_and_is_recover
     assert journal_files(journal) == []
 
 
+async def test_a_record_that_outgrows_its_attribute_replaces_it_and_back(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    """A committed record rewritten too large for an attribute (a rename to a long name,
+    large metadata) went to a file beside the data, and the old attribute stayed: recovery
+    prefers the attribute, so it uploaded under the old name. And back: a small record
+    as the attribute again takes the file it left away (one record each)."""
+    fs = make_fs()
+    journal = fs.journal
+    assert journal is not None
+    record_id, fd = journal.new_file()
+    os.write(fd, b"data")
+    journal.commit(fd, Record(record_id, "old", 0, {}, None, 4), durable=True)
+    os.close(fd)
+    journal.write_record(Record(record_id, "big", 0, {"k": "v" * 70_000}, None, 4))
+    assert [r.object for r in journal.pending()] == ["big"]
+    journal.write_record(Record(record_id, "small", 0, {}, None, 4))
+    assert [r.object for r in journal.pending()] == ["small"]
+    assert journal.record_path(record_id).exists() == (not journal.xattrs)
+    fs.close()
+    done = await Journal(tmp_path / "cache", "wb").recover(bucket, trio.to_thread.run_sync)
+    assert done.uploaded == ["small"] and bucket.names() == ["small"]
+
+
 async def test_an_unreadable_record_keeps_its_data(
     make_fs: Callable[[], Filesystem], bucket: MemoryBucket, records: str
 ) -> None:

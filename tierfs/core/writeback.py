@@ -211,6 +211,7 @@ class Journal:
         # Records as attributes of their data files (None: wherever the file system can).
         self.xattrs = xattrs_work(self.dir) if xattrs is None else xattrs
         self._spares: list[tuple[str, int]] = []  # (id, fd) of empty data files
+        self._in_files: set[str] = set()  # ids whose record did not fit an attribute
         self._making: set[str] = set()  # ids of spares a thread is creating
         log.debug(
             "write-back journal %s: records %s",
@@ -310,13 +311,21 @@ class Journal:
 
     def _attach(self, fd: int, record: Record) -> bool:
         """The record as the data file's attribute; False where it does not fit (a file
-        then holds it). A record file left by an earlier commit goes: one record each."""
+        then holds it). One record each: an attribute left by an earlier commit goes when
+        this one does not fit (`_scan` prefers an attribute), a record file left by one
+        goes when this one fits."""
         try:
             os.setxattr(fd, RECORD_XATTR, _encode(record))
         except OSError as err:
             if err.errno not in _NO_XATTR:
                 raise
+            with contextlib.suppress(OSError):  # (ENODATA: there was none)
+                os.removexattr(fd, RECORD_XATTR)
+            self._in_files.add(record.id)
             return False
+        if record.id in self._in_files:
+            self._in_files.discard(record.id)
+            self.record_path(record.id).unlink(missing_ok=True)
         return True
 
     def done(self, record_id: str) -> None:
