@@ -9,6 +9,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.csi_plugin import CHECKPOINTING
@@ -267,3 +268,23 @@ def test_unpublish_of_a_volume_whose_daemon_is_stuck_kills_it_and_goes_on(
     node.volumes[target] = Published("fp", stuck, directory, 0)  # type: ignore[arg-type]
     node._unpublish("v", target)
     assert stuck.killed and target not in node.volumes
+
+
+def test_a_capability_without_an_access_type_is_invalid() -> None:
+    """The spec requires one of block or mount; neither was taken for a mount."""
+    from tierfs.csi.node import Failure, publish_request
+    from tierfs.csi.proto import csi_pb2
+
+    capability = csi_pb2.VolumeCapability(
+        access_mode=csi_pb2.VolumeCapability.AccessMode(
+            mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+        )
+    )
+    request = csi_pb2.NodePublishVolumeRequest(
+        volume_id="v", target_path="/var/lib/kubelet/pods/p/mount", volume_capability=capability
+    )
+    with pytest.raises(Failure, match="no access type") as caught:
+        publish_request(request)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    request.volume_capability.mount.SetInParent()
+    assert publish_request(request).volume_id == "v"

@@ -320,6 +320,8 @@ def publish_request(request: Any) -> Request:
     capability = request.volume_capability
     if capability.HasField("block"):
         raise Failure(Code.INVALID_ARGUMENT, "block volumes are not supported: use a mount volume")
+    if not capability.HasField("mount"):  # (the spec requires one access type)
+        raise Failure(Code.INVALID_ARGUMENT, "volume_capability has no access type: use mount")
     mount = capability.mount
     return Request(
         volume_id=request.volume_id,
