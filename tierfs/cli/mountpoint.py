@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tierfs.cli.fdmount import fuse_fd
+
 BUSY_WAIT_S = 1.0  # how long `unmount` tries again a mount found busy
 BUSY_RETRY_S = 0.05
 PROBE_S = 5.0  # how long a mount may take to answer statvfs before it counts as hung
@@ -41,7 +43,10 @@ class MountEntry:
 def canonical(path: str) -> str:
     """``path`` absolute, with the symlinks above its last part resolved, as the mount table
     names it (a home reached through a symlink, ``/home`` -> ``/var/home``). The last part
-    itself is never looked up: it may be a mount that does not answer."""
+    itself is never looked up: it may be a mount that does not answer. ``/dev/fd/N`` (a
+    FUSE descriptor a privileged helper opened: `tierfs.cli.fdmount`) is left as it is."""
+    if fuse_fd(path) is not None:
+        return path
     absolute = os.path.abspath(path)
     parent, name = os.path.split(absolute)
     return os.path.join(os.path.realpath(parent), name) if name else absolute
