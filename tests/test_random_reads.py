@@ -17,7 +17,7 @@ from tests.conftest import MountFactory
 from tests.mounting import stats
 from tests.test_mount_option_effects import free_port, scrape
 from tests.test_options_forms import CHECKPOINT_LINE
-from tierfs.cache import BlockKey
+from tierfs.cache import BlockKey, PieceKey
 from tierfs.cache.ram import RamTier
 from tierfs.cache.ssd import SsdTier
 from tierfs.cache.ssd_parts import INLINE_BYTES
@@ -310,3 +310,136 @@ def test_random_reads_of_an_object_in_the_ssd_tier_read_only_their_bytes(
     ssd_read = after["data"]["tiers"]["ssd"]["bytes_read"]
     ssd_read -= before["data"]["tiers"]["ssd"]["bytes_read"]
     assert 0 < ssd_read <= len(offsets) * MiB, ssd_read
+
+
+async def ram_and_ssd_setup(
+    root: Path, ram_bytes: int
+) -> tuple[Blocks, BlockReader, bytes, RamTier, SsdTier]:
+    """An object held by the SSD tier (read whole once), and a RAM tier holding none of it."""
+    bucket = MemoryBucket("b")
+    data = random.Random(13).randbytes(SIZE)
+    generation = bucket.put("obj", data).generation
+    ram = RamTier(ram_bytes)
+    ssd = await SsdTier.create(root, "b", 64 * MiB, block_size=BLOCK)
+    blocks = Blocks(
+        bucket, [ram, ssd], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+    )
+    reader = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
+    assert await read(reader, 0, 4096) == data[:4096]  # sequential: the whole block
+    await ram.discard("obj")
+    reader = BlockReader(blocks, "obj", generation, SIZE, spawn=None, max_ahead_bytes=BLOCK)
+    return blocks, reader, data, ram, ssd  # (a new reader: the old one kept its last block)
+
+
+async def random_read(reader: BlockReader, offset: int, length: int, *, now: bool = False) -> bytes:
+    reader._next = -1  # not where the last read ended: a random read
+    if now:
+        answer = reader.read_now(offset, length)
+        assert answer is not None
+        return bytes(answer)
+    return await read(reader, offset, length)
+
+
+async def test_a_small_random_read_from_the_ssd_tier_is_kept_in_ram(tmp_path: Path) -> None:
+    """A random 4 KiB read the SSD tier answers reads its whole piece (16 KiB) and the RAM
+    tier keeps it: the next touch of that region reads no disk (after the kernel dropped
+    the cache file's pages it would cost a disk read each time). A large read is not kept."""
+    _, reader, data, ram, ssd = await ram_and_ssd_setup(tmp_path / "cache", 64 * MiB)
+    ssd_read = ssd.statistics()["bytes_read"]
+    for now, offset in ((False, 2 * MiB + 100), (True, 3 * MiB + 5 * P)):
+        assert await random_read(reader, offset, 4096, now=now) == data[offset:][:4096]
+        assert ssd.statistics()["bytes_read"] - ssd_read == P  # its whole piece
+        ssd_read += P
+        again = offset - offset % P + P - 4096  # elsewhere in the same piece
+        assert await random_read(reader, again, 4096, now=now) == data[again:][:4096]
+        assert ssd.statistics()["bytes_read"] == ssd_read  # from RAM
+    assert ram.statistics()["pieces_stored"] == 2 and ram.statistics()["piece_hits"] == 2
+    big = 256 << 10
+    assert await random_read(reader, MiB, big) == data[MiB : MiB + big]
+    assert ssd.statistics()["bytes_read"] - ssd_read == big
+    assert ram.statistics()["pieces_stored"] == 2  # a large read is not kept
+
+
+async def test_a_random_reader_of_more_regions_than_ram_holds_stops_churning(
+    tmp_path: Path,
+) -> None:
+    """200 regions read over and over in the same order through a RAM tier that holds 64
+    pieces: the first 64 stay and serve every later pass; the others are read from the
+    SSD tier, and never evict a piece just before its next use (plain LRU would keep
+    none). A new region read twice is then taken in, in place of an old one."""
+    _, reader, data, ram, ssd = await ram_and_ssd_setup(tmp_path / "cache", 64 * P)
+    regions = random.Random(2).sample(range(SIZE // P), 200)
+    for _ in range(3):
+        for region in regions:
+            offset = region * P + 512
+            assert await random_read(reader, offset, 4096) == data[offset : offset + 4096]
+    stats = ram.statistics()
+    assert stats["pieces_stored"] == 64 and stats["evictions"] == 0, stats
+    assert stats["piece_hits"] == 2 * 64, stats
+    fresh = next(r for r in range(SIZE // P) if r not in regions) * P
+    for _ in range(3):
+        assert await random_read(reader, fresh, 4096) == data[fresh : fresh + 4096]
+    stats = ram.statistics()
+    assert stats["pieces_stored"] == 65 and stats["evictions"] == 1, stats
+    assert stats["piece_hits"] == 2 * 64 + 1, stats
+    del ssd
+
+
+async def test_a_block_a_random_reader_dips_into_ages_out_before_its_pieces() -> None:
+    """`peek_part` answers from a block without making it the most recent: a random
+    reader's pieces, not the 8 MiB blocks it reads 4 KiB of, stay in RAM."""
+    ram = RamTier(3 * BLOCK)
+    first, second = BlockKey("a", 1, 0), BlockKey("a", 1, 1)
+    await ram.put(first, b"x" * BLOCK)
+    await ram.put(second, b"y" * BLOCK)
+    assert ram.peek_part(first, 10, 4) == b"xxxx"
+    assert ram._blocks.next_evicted() == first
+    assert ram.read_part_now(first, 10, 4) == b"xxxx"
+    assert ram._blocks.next_evicted() == second
+    assert ram.peek_part(BlockKey("a", 1, 2), 0, 4) is None
+    assert ram.admits(PieceKey("a", 1, 0), P)  # room left
+    await ram.put(BlockKey("a", 1, 2), b"z" * BLOCK)
+    assert ram.admits(PieceKey("a", 1, 0), P)  # full, but it would evict a block
+
+
+def test_random_reads_of_the_ssd_tier_are_kept_in_ram_for_the_next_touch(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """The GKE checkpointing line with a cache dir and a RAM tier smaller than the object
+    (16 MiB standing for the default 256 against GBs): random 4 KiB reads of an object in
+    the SSD tier, each pass after the kernel dropped its pages (the cache file's too). The
+    RAM tier keeps the pieces they read: by the third pass no read reaches the SSD tier,
+    and none reaches GCS."""
+    data = os.urandom(64 * MiB)
+    gcs_client.bucket(bucket_name).blob("blob").upload_from_string(data)
+    mount = mount_factory(
+        "-o", CHECKPOINT_LINE, f"--cache-dir={tmp_path / 'cache'}", "--ram-cache-max-size-mb=16"
+    )
+    path = mount.path / "blob"
+    rng = random.Random(9)
+    offsets = [rng.randrange(0, len(data) // 4096) * 4096 for _ in range(150)]
+    holder = os.open(path, os.O_RDONLY)  # later opens then go through the daemon
+    try:
+        assert path.read_bytes() == data  # into the SSD tier
+        read_from = []
+        for _ in range(3):
+            before = stats(mount)["data"]["tiers"]
+            Path("/proc/sys/vm/drop_caches").write_text("1")
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                for offset in offsets:
+                    assert os.pread(fd, 4096, offset) == data[offset : offset + 4096]
+            finally:
+                os.close(fd)
+            after = stats(mount)
+            read_from.append(
+                {
+                    tier: after["data"]["tiers"][tier][field] - before[tier][field]
+                    for tier, field in (("ssd", "bytes_read"), ("ram", "piece_hits"))
+                }
+            )
+    finally:
+        os.close(holder)
+    assert read_from[0]["ssd"] > 0 and read_from[2]["ssd"] == 0, read_from
+    assert read_from[2]["ram"] >= len(set(offsets)) // 2, read_from
+    assert after["gcs"]["bytes_read"] == len(data), after["gcs"]
