@@ -91,14 +91,6 @@ class _Blocks(Cache[Key, Data]):
             if not keys:
                 del self.by_name[key.name]
 
-    def peek(self, key: Key) -> Data | None:
-        """The value of ``key`` (or None), its recency unchanged (``Cache.get`` would go
-        through our ``__getitem__``, which refreshes it)."""
-        return Cache.__getitem__(self, key) if key in self else None
-
-    def next_evicted(self) -> Key | None:
-        return next(iter(self._order), None)
-
     def demote(self, key: Key) -> None:
         """Make ``key`` the next to be evicted (if held)."""
         if key in self._order:
@@ -134,7 +126,6 @@ class RamTier:
         self._reserved_peak = 0
         self._room = trio.lowlevel.ParkingLot()
         self._heap_freed = 0  # heap memory evicted for block buffers (`_give_back_heap`)
-        self._refused: OrderedDict[PieceKey, None] = OrderedDict()  # (`admits`)
 
     async def get(self, key: BlockKey) -> Data | None:
         return self._lookup(key, "")
@@ -244,39 +235,6 @@ class RamTier:
         self._counts["hits"] += 1
         self._bytes_read += length
         return data[offset : offset + length]
-
-    def peek_part(self, key: BlockKey, offset: int, length: int) -> Data | None:
-        """`read_part_now` that leaves the block's recency as it was (`tierfs.core.randomreads`:
-        a random reader's small reads are kept as pieces instead)."""
-        data = self._blocks.peek(key)
-        if data is None:
-            return None
-        self._counts["hits"] += 1
-        self._bytes_read += length
-        return data[offset : offset + length]
-
-    def admits(self, key: PieceKey, nbytes: int) -> bool:
-        """Whether a piece read from a slower tier (`tierfs.core.randomreads`) is worth
-        keeping: yes if it fits, or would evict a block; if it would evict another piece,
-        only when it was asked for before, lately (2Q's ghost list: pieces refused lately,
-        as many as the tier holds). Why: a random reader of more regions than the tier
-        holds as pieces, reading them over in the same order, evicted each piece just
-        before its next use (60,000 regions of a cached 1 GiB object: 5,300-6,000 reads a
-        second, against 9,200-9,400 read from the SSD tier alone); refused, those keep
-        the pieces taken first, and a new set of regions read twice replaces them."""
-        blocks = self._blocks
-        if blocks.currsize + self._reserved + nbytes <= self._max_bytes:
-            return True
-        if not isinstance(blocks.next_evicted(), PieceKey):
-            return True
-        seen = self._refused
-        if key in seen:
-            del seen[key]
-            return True
-        seen[key] = None
-        while len(seen) > self._max_bytes // max(nbytes, 1):
-            seen.popitem(last=False)
-        return False
 
     def get_piece(self, key: PieceKey) -> bytes | None:
         data = self._lookup(key, "piece_")

@@ -31,7 +31,7 @@ import trio
 from cachetools import LRUCache
 from crc32c import crc32c as crc32c_of
 
-from tierfs.cache import BlockKey, Data, PieceKey, Tier
+from tierfs.cache import BlockKey, Data, Tier
 from tierfs.cache.buffers import SPARE as SPARE_BUFFERS
 from tierfs.cache.buffers import BlockBuffers
 from tierfs.cache.ssd import Passthrough
@@ -79,10 +79,6 @@ class Memory(Protocol):
     def demote(self, key: BlockKey) -> None: ...
 
     def buffer_room(self, block_size: int) -> int: ...
-
-    def peek_part(self, key: BlockKey, offset: int, length: int) -> Data | None: ...
-
-    def admits(self, key: PieceKey, nbytes: int) -> bool: ...
 
 
 @dataclass

@@ -18,8 +18,6 @@ from tierfs.cache import BlockKey, Data, PieceKey, Tier
 
 if TYPE_CHECKING:  # a part of Blocks, sharing its state
     from typing import Any as _Base
-
-    from tierfs.core.blocks import Memory
 else:
     _Base = object
 
@@ -32,9 +30,6 @@ log = logging.getLogger("tierfs.blocks")
 # 6,229 IOPS with no GCS request (`benchmarks` rand, plain, same machine). A larger read
 # still fetches all the pieces it spans in one request.
 PIECE_BYTES = 16 << 10
-# A random read of a slower tier at most this large (in whole pieces) is kept in RAM
-# (`_promotes`); a larger one is a reader that would evict more than it gains.
-PROMOTE_BYTES = 4 * PIECE_BYTES
 RANGE_IN_BUFFER_BYTES = 256 << 10  # a random read's range at least this large: see `_fetch_range`
 
 
@@ -53,29 +48,17 @@ class _RandomReads(_Base):
         that evicted what sequential readers need and cost 8 MiB of reading per read."""
         self.random_reads += 1
         within = offset - key.index * self.block_size
-        promote = self._promotes(offset, length, size)
-        looked = False
         for tier in self.tiers:
-            if tier.persistent and not looked:
-                # Pieces kept in RAM before a slower tier's disk: answered without an
-                # await (a second touch: 61-63 -> 53-56 us of daemon CPU per read).
-                looked = True
-                kept = self._kept(key.name, key.generation, offset, length, size)
-                if kept is not None:
-                    return kept
             try:
-                if not tier.persistent:
-                    part = self._fast_part(tier, key, within, length, promote)
-                elif promote:
-                    part = await self._promoted(tier, key, offset, length, size)
-                else:
-                    part = await tier.read_part(key, within, length)
+                part = await tier.read_part(key, within, length)
             except Exception as err:  # a failing tier is a miss, never the user's error
                 self._tier_failed(tier, key, err)
                 continue
             if part is not None:
                 return part
-        kept = None if looked else self._kept(key.name, key.generation, offset, length, size)
+        # Pieces an earlier random read kept, before a block the tiers may hold: answered
+        # without an await (a second touch: 61-63 -> 53-56 us of daemon CPU per read).
+        kept = self._kept(key.name, key.generation, offset, length, size)
         if kept is not None:
             return kept
         data = await self.cached(key, size)
@@ -87,123 +70,21 @@ class _RandomReads(_Base):
         self, key: BlockKey, offset: int, length: int, size: int
     ) -> bytes | memoryview | None:
         """`read_random`'s answer when it needs no wait: from a tier that answers at once
-        (the RAM tier's block, the SSD tier's page cache), else from kept pieces; None:
-        await `read_random`."""
+        (the RAM tier's block), else from kept pieces; None: await `read_random`."""
         within = offset - key.index * self.block_size
-        promote = self._promotes(offset, length, size)
-        looked = False
         for tier in self.tiers:
-            if tier.persistent and not looked:
-                looked = True
-                kept = self._kept(key.name, key.generation, offset, length, size)
-                if kept is not None:
-                    self.random_reads += 1
-                    return kept
             try:
-                if not tier.persistent:
-                    part = self._fast_part(tier, key, within, length, promote)
-                elif promote:
-                    part = self._promoted_now(tier, key, offset, length, size)
-                else:
-                    part = tier.read_part_now(key, within, length)
+                part = tier.read_part_now(key, within, length)
             except Exception as err:  # as in `read_random`: a miss, never the user's error
                 self._tier_failed(tier, key, err)
                 continue
             if part is not None:
                 self.random_reads += 1
                 return part
-        kept = None if looked else self._kept(key.name, key.generation, offset, length, size)
+        kept = self._kept(key.name, key.generation, offset, length, size)
         if kept is not None:
             self.random_reads += 1
         return kept
-
-    # -- small reads from a slower tier, kept in RAM -----------------------------------------
-
-    def _promotes(self, offset: int, length: int, size: int) -> bool:
-        """Whether a random read a slower tier (SSD, shared) answers is read in whole
-        pieces and kept in RAM: a small one (`PROMOTE_BYTES`), with a RAM tier to keep it.
-        Why: a second touch of a region served from the SSD tier paid a disk read each
-        time the kernel had dropped the cache file's pages (the same fixed 5,400 random
-        4 KiB regions of a cached 1 GiB object: 8,300-8,600 reads a second from the SSD
-        tier, 13,000-13,800 from pieces in RAM), and the RAM tier held whole 8 MiB blocks
-        of the fill instead, of which a random reader uses 4 KiB."""
-        memory = self.memory
-        if memory is None or memory.max_bytes <= 0 or self.block_size % self.piece_bytes:
-            return False
-        first, last = self._piece_span(offset, length, size)
-        return last - first <= PROMOTE_BYTES and any(tier.persistent for tier in self.tiers)
-
-    def _fast_part(
-        self, tier: Tier, key: BlockKey, within: int, length: int, promote: bool
-    ) -> Data | None:
-        """A part of a block a tier in memory holds. Where small reads are kept as pieces
-        (``promote``), the block's recency is left as it was: blocks a random reader only
-        dips into age out while the pieces it reads stay (with the RAM tier's recency
-        refreshed by each such read, 5,400 random regions thrashed: 200 of 256 MiB were
-        fill blocks kept fresh by a fifth of the reads, the pieces of the rest cycled
-        through the 56 MiB left, 583 piece hits for 16,269 pieces kept)."""
-        memory: Memory | None = self.memory
-        if promote and memory is not None and id(memory) == id(tier):  # (`is` narrows to Tier)
-            return memory.peek_part(key, within, length)
-        return tier.read_part_now(key, within, length)
-
-    def _admits(self, key: BlockKey, first: int, last: int) -> bool:
-        """Whether the RAM tier takes the pieces ``first:last`` of a slower tier's block
-        (`tierfs.cache.ram.RamTier.admits`)."""
-        memory = self.memory
-        assert memory is not None  # (`_promotes`)
-        return memory.admits(PieceKey(key.name, key.generation, first), last - first)
-
-    def _piece_span(self, offset: int, length: int, size: int) -> tuple[int, int]:
-        """The whole pieces (offsets in the object) a read of ``length`` at ``offset`` spans."""
-        piece = self.piece_bytes
-        end = min(offset + length, size)
-        return offset - offset % piece, min(end + (-end) % piece, size)
-
-    async def _promoted(
-        self, tier: Tier, key: BlockKey, offset: int, length: int, size: int
-    ) -> Data | None:
-        first, last = self._piece_span(offset, length, size)
-        start = key.index * self.block_size
-        if not self._admits(key, first, last):
-            return await tier.read_part(key, offset - start, length)
-        part = await tier.read_part(key, first - start, last - first)
-        if part is None:
-            return None
-        return self._keep_pieces(key.name, key.generation, first, part, offset, length, size)
-
-    def _promoted_now(
-        self, tier: Tier, key: BlockKey, offset: int, length: int, size: int
-    ) -> Data | None:
-        first, last = self._piece_span(offset, length, size)
-        start = key.index * self.block_size
-        if not self._admits(key, first, last):
-            return tier.read_part_now(key, offset - start, length)
-        part = tier.read_part_now(key, first - start, last - first)
-        if part is None:
-            return None
-        return self._keep_pieces(key.name, key.generation, first, part, offset, length, size)
-
-    def _keep_pieces(
-        self,
-        name: str,
-        generation: int,
-        first: int,
-        data: Data,
-        offset: int,
-        length: int,
-        size: int,
-    ) -> Data:
-        """Keep the whole pieces of ``data`` (the object's bytes from ``first``) in the tiers
-        that keep pieces (RAM); the bytes asked for."""
-        piece = self.piece_bytes
-        for start in range(first, first + len(data), piece):
-            part = bytes(data[start - first : start - first + piece])  # (kept: a copy)
-            if len(part) == min(piece, size - start):  # never keep a short answer
-                for tier in self.tiers:
-                    tier.put_piece(PieceKey(name, generation, start), part)
-        end = min(offset + length, size)
-        return data[offset - first : end - first]
 
     def _tier_failed(self, tier: Tier, key: BlockKey, err: Exception) -> None:
         self.tier_errors += 1
@@ -255,9 +136,13 @@ class _RandomReads(_Base):
         )
         self.gcs_ranges += 1
         self.gcs_bytes += len(data)
-        answer = self._keep_pieces(name, generation, first, data, offset, length, object_size)
+        for start in starts:
+            part = bytes(data[start - first : start - first + piece])  # (kept: a copy)
+            if len(part) == min(piece, object_size - start):  # never keep a short answer
+                for tier in self.tiers:
+                    tier.put_piece(PieceKey(name, generation, start), part)
         self.buffers.trim()  # (the RAM tier took other memory: see `BlockBuffers.trim`)
-        return answer
+        return data[offset - first : end - first]
 
     def _piece(self, key: PieceKey) -> bytes | None:
         for tier in self.tiers:
