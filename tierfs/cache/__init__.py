@@ -15,7 +15,7 @@ a miss, never an error to the user.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,16 +23,29 @@ if TYPE_CHECKING:
     from tierfs.cache.ssd import Passthrough
 
 
-@dataclass(frozen=True, order=True)
+# Keys hash once, when made: the RAM tier hashes a key about 15 times to keep a piece
+# and evict another (its cache, recency order and by-name index), and the generated
+# ``__hash__`` built a tuple each time: 0.30 of 1.19 s keeping 51,200 pieces (cProfile),
+# about a fifth of the bookkeeping of a random 1 MiB read that fetched 64 pieces.
+
+
+@dataclass(frozen=True, order=True, slots=True)
 class BlockKey:
     """One block of one generation of one object."""
 
     name: str
     generation: int
     index: int
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.generation, self.index)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class PieceKey:
     """A piece of one generation of one object, at ``offset`` (a multiple of the piece
     size): what a random read fetched, kept so that the next touch of that region needs
@@ -41,6 +54,13 @@ class PieceKey:
     name: str
     generation: int
     offset: int
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.generation, self.offset)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 Data = bytes | memoryview
