@@ -603,10 +603,26 @@ async def push_out(ssd: SsdTier, count: int) -> None:
         await ssd.put(key, payload(key, BLOCK))
 
 
-async def test_ssd_pinned_file_is_unlinked_never_punched(tmp_path: Path) -> None:
+async def test_ssd_a_file_the_kernel_reads_is_evicted_last(tmp_path: Path) -> None:
+    """A shard read through passthrough looks unused to the tier (the kernel reads it
+    directly); puts of other blocks evict each other, not it: unlinked, its file would
+    free nothing while open, and its next open would fetch it all again."""
     ssd, blocks, pinned = await pinned_shard(tmp_path, 4 * (BLOCK + 4096))
+    await push_out(ssd, 3)  # room for one more block: the others take turns in it
+    assert pinned.path.exists()
+    assert [await ssd.get(key) == data for key, data in blocks] == [True] * 3
+    assert ssd.statistics()["entries"] == 4 and ssd.statistics()["evictions"] == 2
+    ssd.unpin(pinned)  # not read through the kernel now: evicted as any other
+    for n in range(4):
+        key = BlockKey(f"later{n}", 1, 0)
+        await ssd.put(key, payload(key, BLOCK))
+    assert not pinned.path.exists()
+
+
+async def test_ssd_pinned_file_is_unlinked_never_punched(tmp_path: Path) -> None:
+    ssd, blocks, pinned = await pinned_shard(tmp_path, 3 * (BLOCK + 4096) + 4096)
     with pinned.path.open("rb") as kernel_copy:  # as the kernel holds its backing file
-        await push_out(ssd, 3)  # the shard's blocks
+        await push_out(ssd, 3)  # nothing else to evict: the shard's blocks
         assert not pinned.path.exists()  # the whole file went, at its first evicted block
         assert ssd.statistics()["entries"] == 3  # ... and with it every block of the shard
         assert kernel_copy.read() == b"".join(data for _, data in blocks)  # intact
@@ -641,8 +657,8 @@ async def test_ssd_a_put_into_a_file_made_anew_is_never_unlinked_under_it(
     again into a new file: a drop of it while that put wrote took the old pin for the new
     file and unlinked the file being written (its block then read as zeros). A file being
     written is punched, never unlinked."""
-    ssd, blocks, pinned = await pinned_shard(tmp_path, 4 * (BLOCK + 4096))
-    await push_out(ssd, 3)  # the pinned shard goes whole, its file unlinked (the pin stays)
+    ssd, blocks, pinned = await pinned_shard(tmp_path, 3 * (BLOCK + 4096) + 4096)
+    await push_out(ssd, 1)  # the pinned shard goes whole, its file unlinked (the pin stays)
     assert await ssd.get(blocks[0][0]) is None
     await ssd.put(*blocks[1])  # into a new data file
     obj = ssd.data_path_of("ckpt/shard", 7).name.removesuffix(".data")

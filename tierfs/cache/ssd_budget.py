@@ -114,14 +114,25 @@ class _Budget(_Base):
 
     def _make_room(self, size: int) -> list[_Drop]:
         """Evict LRU blocks until ``size`` more bytes (and one more entry) fit; return what
-        to delete (marked busy). Requires pending + size <= capacity."""
+        to delete (marked busy). Requires pending + size <= capacity.
+
+        Blocks of an object the kernel reads through passthrough now (pinned) go last:
+        its reads never reach us, so it looked unused, and the first put after it aged
+        unlinked its file whole. That freed nothing (the open keeps the inode: the volume
+        held the cap plus the file), and its next open fetched it all again. It is moved
+        to the recent end instead, and evicted only when nothing else is left."""
         victims: list[str] = []
         entries = 1 if size else 0
+        passed = 0  # pinned blocks moved to the recent end by this call
         while self._index and (
             self._used_bytes + self._pending_bytes + size > self._max_bytes
             or len(self._index) + entries > self._max_entries
         ):
             stem = next(iter(self._index))
+            if passed < len(self._index) and _object_of(stem) in self._pins:
+                self._index.move_to_end(stem)
+                passed += 1
+                continue
             self._forget(stem)
             victims.append(stem)
         self._evictions += len(victims)
