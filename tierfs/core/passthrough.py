@@ -35,6 +35,7 @@ above err on the side of an ordinary open, or of EBUSY in that short window.
 
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass
 
@@ -45,6 +46,10 @@ from tierfs.core.kernel import Kernel
 from tierfs.errors import Busy
 
 log = logging.getLogger("tierfs.fuse")
+
+# Failures of `Kernel.backing_open` that say nothing of the next open: out of descriptors
+# or memory, the SSD-tier file gone under us (evicted: the next open finds it missing).
+TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOENT, errno.EINTR})
 
 
 @dataclass
@@ -68,6 +73,7 @@ class Backings:
     def __post_init__(self) -> None:
         self._refused = False  # the kernel refused a backing file: no passthrough from then on
         self._shared: dict[int, Shared] = {}  # ino -> its backing, while opens hold it
+        self._said: set[int] = set()  # errnos of transient failures logged as warnings
         self.counts = {"opens": 0, "write_opens": 0, "busy": 0, "failed": 0}
 
     def statistics(self) -> dict[str, object]:
@@ -108,9 +114,7 @@ class Backings:
             backing_id = self.kernel.backing_open(pinned.path)
         except OSError as exc:
             self.blocks.unpin(pinned)
-            self.counts["failed"] += 1
-            log.warning("passthrough refused (%s): reads go through tierfs from now on", exc)
-            self._refused = True
+            self._failed(exc, "reads")
             return 0
         self._shared[inode.ino] = Shared(backing_id, pinned, generation)
         self.counts["opens"] += 1
@@ -126,13 +130,36 @@ class Backings:
         try:
             backing_id = self.kernel.backing_open(fd)
         except OSError as exc:
-            self.counts["failed"] += 1
-            log.warning("passthrough refused (%s): writes go through tierfs from now on", exc)
-            self._refused = True
+            self._failed(exc, "writes")
             return 0
         self._shared[inode.ino] = Shared(backing_id, None, inode.generation)
         self.counts["write_opens"] += 1
         return backing_id
+
+    def _failed(self, exc: OSError, what: str) -> None:
+        """A backing file the kernel did not take: this open is an ordinary one. Only a
+        refusal that will not change (no privilege, no support) turns passthrough off
+        for the mount; one descriptor too many (EMFILE, ENFILE) or no memory did, until
+        remount, for every later open of every file."""
+        self.counts["failed"] += 1
+        if exc.errno in TRANSIENT:
+            said = exc.errno in self._said
+            self._said.add(exc.errno)
+            (log.debug if said else log.warning)(
+                "passthrough failed for one open (%s): it goes through tierfs", exc
+            )
+            return
+        log.warning("passthrough refused (%s): %s go through tierfs from now on", exc, what)
+        self._refused = True
+
+    def copied(self, inode: Inode, generation: int) -> None:
+        """``inode``'s object was copied on the server from ``generation`` to the one it
+        has now (a rename): the same bytes, so the backing file its opens share serves the
+        new generation too. (A read-only open after a rename of a file another process
+        still read this way was EBUSY until that reader closed.)"""
+        shared = self._shared.get(inode.ino)
+        if shared is not None and shared.pinned is not None and shared.generation == generation:
+            shared.generation = inode.generation
 
     def holds_staged(self, inode: Inode) -> bool:
         shared = self._shared.get(inode.ino)
