@@ -161,6 +161,24 @@ def test_opening_for_write_a_file_read_directly_is_busy(cached: Cached) -> None:
     assert blob.download_as_bytes()[:3] == b"new"
 
 
+def test_a_file_read_directly_opens_again_after_a_rename(cached: Cached) -> None:
+    """A rename copies the object to a new generation with the same bytes: a read-only
+    open of the new name, while another still reads the file straight from the cache,
+    shares that open's cache file (it was EBUSY until the first reader closed)."""
+    data = cached.fill(BLOCK + 1)
+    again = cached.remount()
+    old, new = again.path / "ckpt" / "shard-0", again.path / "ckpt" / "moved"
+    with old.open("rb") as reader:
+        assert reader.read(100) == data[:100]
+        old.rename(new)
+        with new.open("rb") as second:
+            assert second.read() == data
+        assert reader.read() == data[100:]
+    numbers = stats(again)["passthrough"]
+    assert (numbers["busy"], numbers["opens"]) == (0, 2), numbers
+    assert new.read_bytes() == data and not old.exists()
+
+
 def test_passthrough_off_reads_every_block_through_tierfs(cached: Cached) -> None:
     data = cached.fill(BLOCK + 7)
     again = cached.remount("--file-cache-passthrough=false", name="off")

@@ -142,8 +142,9 @@ class FileRenames(_Base):
         self._removed(source.path)
         self.names.learned(new_path, Found(False, info))
         self.inodes.move(source, new_path)
-        source.generation = info.generation
+        copied, source.generation = source.generation, info.generation
         source.metageneration = info.metageneration
+        self.backings.copied(source, copied)
         if source.staged is not None:
             source.staged.base_generation = info.generation
 

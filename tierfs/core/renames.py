@@ -229,14 +229,14 @@ class Renames(_Base):
         if inode is not None:
             self._moved_to(inode, copy)
 
-    @staticmethod
-    def _moved_to(inode: Inode, copy: ObjectInfo | None) -> None:
+    def _moved_to(self, inode: Inode, copy: ObjectInfo | None) -> None:
         if inode.remote is None:
             return
         inode.remote = None
         if copy is not None:  # the object under its new name is a new generation
-            inode.generation = copy.generation
+            copied, inode.generation = inode.generation, copy.generation
             inode.metageneration = copy.metageneration
+            self.backings.copied(inode, copied)
             if inode.staged is not None:
                 inode.staged.base_generation = copy.generation
 
