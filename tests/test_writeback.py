@@ -383,6 +383,30 @@ async def test_conflict_found_by_the_uploader_keeps_our_bytes(
     assert fs.statistics()["writeback"]["conflicts"] == 1
 
 
+async def test_an_upload_that_failed_then_met_a_conflict_is_no_longer_failing(
+    live_fs: Filesystem,
+    bucket: MemoryBucket,
+    nursery: trio.Nursery,
+    autojump_clock: object,
+) -> None:
+    """An upload fails (counted as failing), another client writes the object, and the
+    retry finds the conflict: our bytes are kept aside and the file is no longer failing
+    (`tierfs stats` said "failing 1" for good, though nothing would be tried again)."""
+    fs = live_fs
+    bucket.fail_next("write_file", BackendError("503 from GCS"), count=1)
+    await write_new(fs, "f", b"ours")
+    nursery.start_soon(fs.run_uploads, 1, 60.0)
+    deadline = time.monotonic() + 10
+    while fs.writeback_counts["failed"] < 1 and time.monotonic() < deadline:
+        await trio.sleep(0.001)
+    assert fs.statistics()["writeback"]["failing"] == 1
+    bucket.put("f", b"theirs")  # before the retry, 60 s later
+    await settle(fs)
+    assert bucket.get("f") == b"theirs"
+    stats = fs.statistics()["writeback"]
+    assert (stats["conflicts"], stats["failing"], stats["pending"]) == (1, 0, 0), stats
+
+
 async def test_uploader_queues_once_retries_with_backoff_and_uploads_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

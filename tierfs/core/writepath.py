@@ -126,6 +126,7 @@ class WritePath(_Base):
             and (not staged.dirty or staged.clobbered or inode.unlinked)
         ):
             self._drop_staged(inode)
+            self._failed.pop(inode.ino, None)  # (nothing of it is tried again)
             if staged.clobbered:
                 self.inodes.detach(inode)
         self.inodes.release(inode)
