@@ -17,10 +17,12 @@ import pytest
 import trio
 import trio.testing
 
+from tierfs.core import records as records_module
 from tierfs.core import writeback
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
+from tierfs.core.records import MoveLog
 from tierfs.core.uploader import MAX_YIELD_S, QUIET_S, Uploader
 from tierfs.core.writeback import RECORD_XATTR, SPARE_FILES, Journal, Record
 from tierfs.errors import AccessDenied, BackendError, NotFound, UploadedOtherBytes
@@ -1248,3 +1250,25 @@ async def test_one_journal_is_one_daemons(tmp_path: Path) -> None:
             holder.stdout.close()
     journal = Journal(tmp_path, "wb")  # the holder is gone (kill -9): free again
     assert journal.pending() == []
+
+
+async def test_a_finished_move_leaves_the_journal_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move's record goes, then its directory is fsync'd: without it, a machine crash
+    could bring the record back, and the next mount would replay the move over what was
+    made under the old name since. (Power loss cannot be made here: what is asserted is
+    that the removal is on disk when `end` returns, the directory synced after it.)"""
+    synced: list[tuple[Path, list[str]]] = []
+    real = records_module._fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        synced.append((path, sorted(p.name for p in path.iterdir())))
+        real(path)
+
+    monkeypatch.setattr(records_module, "_fsync_dir", fsync_dir)
+    moves = MoveLog(tmp_path)
+    move = moves.begin("d/", "e/")
+    synced.clear()
+    moves.end(move)
+    assert synced == [(moves.dir, [])]  # (before: no sync at all)

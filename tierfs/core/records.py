@@ -67,8 +67,10 @@ class _RecordLog(Generic[R]):
     def _write(self, record_id: str, body: dict[str, object], *, durable: bool) -> None:
         _write_record(self.dir / f"{record_id}.json", body, durable=durable)
 
-    def _end(self, record_id: str) -> None:
+    def _end(self, record_id: str, *, durable: bool = False) -> None:
         (self.dir / f"{record_id}.json").unlink(missing_ok=True)
+        if durable:
+            _fsync_dir(self.dir)
 
     def pending(self) -> list[R]:
         """Unfinished operations, oldest first; an unreadable record is kept and said."""
@@ -96,7 +98,10 @@ class MoveLog(_RecordLog[Move]):
         return move
 
     def end(self, move: Move) -> None:
-        self._end(move.id)
+        """The move is done: its record goes, durably. A record a machine crash brought
+        back would be replayed at the next mount, and move what was made under the old
+        name since (``mv d e; mkdir d; ...``) into the new one."""
+        self._end(move.id, durable=True)
 
 
 class DeleteLog(_RecordLog[Delete]):
