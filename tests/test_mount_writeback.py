@@ -298,6 +298,24 @@ def test_a_write_back_dir_of_its_own_holds_the_journal_and_bounds_it(
     assert (again.path / "waits").read_bytes() == data
 
 
+def test_sync_through_a_symlink_uploads_what_it_points_to(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """``~/data -> /mnt/gcs/data``: `tierfs sync ~/data` waits for the files below the
+    directory it points to (it sent "../data", which matched nothing, and said yes)."""
+    mount = mount_factory("--write-back", HOLD, f"--cache-dir={tmp_path / 'cache'}")
+    (mount.path / "step_1").mkdir()
+    (mount.path / "step_1" / "shard").write_bytes(b"step_1")
+    link = tmp_path / "latest"
+    link.symlink_to(mount.path / "step_1")
+    result = subprocess.run(
+        [TIERFS, "sync", str(link)], capture_output=True, text=True, timeout=300
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    uploaded = {k: v for k, v in objects(gcs_client, bucket_name).items() if not k.endswith("/")}
+    assert uploaded == {"step_1/shard": b"step_1"}
+
+
 def test_sync_of_something_that_is_not_a_mount_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
         [TIERFS, "sync", str(tmp_path)], capture_output=True, text=True, timeout=60

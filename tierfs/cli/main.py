@@ -21,7 +21,7 @@ from mount_options.docs import help_text
 from mount_options.target import parse_target
 from tierfs import __version__
 from tierfs.cli import daemon
-from tierfs.cli.mountpoint import MountError, canonical
+from tierfs.cli.mountpoint import MountError, canonical, mounted_here
 
 PROG = "tierfs"
 MOUNT_EXTRAS = {
@@ -174,8 +174,18 @@ def _sync(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0].startswith("-"):
         raise UsageError("usage: tierfs sync PATH")
     target = canonical(argv[0])
-    mountpoint = tierfs_mount_of(Path(target)) or target
-    relative = os.path.relpath(target, mountpoint)
+    if mounted_here(target) is not None:  # a mountpoint: never looked up (it may hang)
+        mountpoint, relative = target, "."
+    else:
+        # Resolved whole, as `tierfs_mount_of` resolves it: a symlink to a directory in
+        # a mount (~/data -> /mnt/gcs/data) was sent as "../home/u/data", which matched
+        # no file, and sync said yes without waiting for anything.
+        target = os.path.realpath(target)
+        mountpoint = tierfs_mount_of(Path(target)) or ""
+        relative = os.path.relpath(target, mountpoint) if mountpoint else ""
+        if not mountpoint or relative.startswith(".."):
+            print(f"{PROG}: no tierfs mount answers at {argv[0]}: not in one", file=sys.stderr)
+            return 1
     try:
         answer = request(mountpoint, "sync", None, {"path": "" if relative == "." else relative})
     except OSError as err:
