@@ -10,7 +10,9 @@ checked where the options are read (test_bounds_default_to_gcsfuse_and_two_minut
 from __future__ import annotations
 
 import errno
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +27,7 @@ import mount_options
 from tests.conftest import MountFactory
 from tests.faults import MEDIA, UPLOADS, Action, FaultProxy, Faults, Rule
 from tests.mounting import stats
-from tierfs.cli.control import request
+from tierfs.cli.control import request, socket_path
 from tierfs.cli.emulator import Emulator
 from tierfs.errors import UploadedOtherBytes
 from tierfs.settings import retry as retry_settings
@@ -441,6 +443,29 @@ def test_a_sync_client_that_leaves_before_the_answer_does_not_end_the_mount(
     assert rule.fired == 1
     assert gcs_client.bucket(bucket_name).blob("slow.bin").download_as_bytes() == b"z" * 50_000
     assert (mount.path / "slow.bin").stat().st_size == 50_000
+
+
+def test_a_malformed_control_request_is_answered_and_the_mount_lives_on(
+    mount_factory: MountFactory,
+) -> None:
+    """A request whose JSON nests past Python's recursion limit raised RecursionError in
+    the control server (only ValueError was caught), which ended the daemon's nursery: the
+    mount died. It is one error answer now; a client that sends nothing holds nobody up."""
+    mount = mount_factory()
+    (mount.path / "f").write_bytes(b"still here")
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    idle.connect(str(socket_path(str(mount.path))))  # connects, never sends a line
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(30)
+            client.connect(str(socket_path(str(mount.path))))
+            client.sendall(b"sync " + b"[" * 100_000 + b"\n")
+            answer = client.makefile("rb").readline()
+        assert json.loads(answer) == {"error": "unknown request"}
+        assert request(str(mount.path), "stats", 30)["mountpoint"] == str(mount.path)
+        assert (mount.path / "f").read_bytes() == b"still here"
+    finally:
+        idle.close()
 
 
 @pytest.mark.parametrize("cut", ["middle", "last"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,9 @@ import trio
 from tierfs.cli.mountpoint import canonical
 
 MAX_REQUEST_BYTES = 64 << 10  # a request names at most one path
+REQUEST_WAIT_S = 30.0  # a client that sends no request line in this long is let go
+
+log = logging.getLogger("tierfs")
 
 
 def socket_dir() -> Path:
@@ -32,7 +36,8 @@ def socket_dir() -> Path:
 
 
 def socket_path(mountpoint: str) -> Path:
-    digest = hashlib.sha256(canonical(mountpoint).encode()).hexdigest()[:20]
+    # (fsencode: a mountpoint whose name is not UTF-8 is still a name; .encode() raised)
+    digest = hashlib.sha256(os.fsencode(canonical(mountpoint))).hexdigest()[:20]
     return socket_dir() / f"{digest}.sock"
 
 
@@ -42,38 +47,46 @@ Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 async def serve_control(mountpoint: str, handlers: dict[str, Handler]) -> None:
     """Answer requests (``stats``, ``sync``: the keys of ``handlers``) until cancelled, one
     JSON line each; the socket file is removed on the way out. A request is one line: its
-    name, then optionally a space and a JSON object of arguments (``sync {"path": "a/b"}``)."""
-    path = socket_path(mountpoint)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    name, then optionally a space and a JSON object of arguments (``sync {"path": "a/b"}``).
+
+    Nothing here ends the mount: a socket that cannot be made (its directory another
+    user's, a path too long for a Unix socket) is one warning, and a request that fails
+    (JSON nested past Python's recursion limit raised RecursionError, past the
+    ValueError caught) is one error answer; either ended the daemon's nursery before."""
     try:
-        await sock.bind(str(path))
-        os.chmod(path, 0o600)
-        sock.listen(8)
+        path = socket_path(mountpoint)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except (OSError, ValueError) as err:
+        log.warning("no control socket (%s): tierfs stats, sync and prefetch cannot reach it", err)
+        return
+    try:
+        try:
+            await sock.bind(str(path))
+            os.chmod(path, 0o600)
+            sock.listen(8)
+        except OSError as err:
+            sock.close()
+            log.warning(
+                "no control socket at %s (%s): tierfs stats, sync and prefetch cannot reach it",
+                path,
+                err.strerror or err,
+            )
+            return
         listener = trio.SocketListener(sock)
 
         async def answer(stream: trio.SocketStream) -> None:
             async with stream:
-                line = b""
-                while b"\n" not in line and len(line) < MAX_REQUEST_BYTES:
-                    chunk = await stream.receive_some(MAX_REQUEST_BYTES)
-                    if not chunk:
-                        break
-                    line += chunk
-                name, _, raw = line.decode("utf-8", "replace").strip().partition(" ")
-                handler = handlers.get(name)
-                body: dict[str, Any]
                 try:
-                    args = json.loads(raw) if raw else {}
-                except ValueError:
-                    args = None
-                if handler is None or not isinstance(args, dict):
-                    body = {"error": "unknown request"}
-                else:
-                    body = {"mountpoint": mountpoint, **await handler(args)}
+                    body = await _answer(stream, mountpoint, handlers)
+                except Exception as err:  # (a defect: one error answer, never the mount's end)
+                    log.exception("control request failed")
+                    body = {"error": f"internal error: {type(err).__name__}"}
+                if body is None:
+                    return  # the client sent nothing in time
                 try:
                     await stream.send_all(json.dumps(body).encode() + b"\n")
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -83,6 +96,30 @@ async def serve_control(mountpoint: str, handlers: dict[str, Handler]) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+async def _answer(
+    stream: trio.SocketStream, mountpoint: str, handlers: dict[str, Handler]
+) -> dict[str, Any] | None:
+    """The answer to the one request ``stream`` sends; None if it sends none in time."""
+    line = b""
+    with trio.move_on_after(REQUEST_WAIT_S) as waited:
+        while b"\n" not in line and len(line) < MAX_REQUEST_BYTES:
+            chunk = await stream.receive_some(MAX_REQUEST_BYTES)
+            if not chunk:
+                break
+            line += chunk
+    if waited.cancelled_caught:
+        return None
+    name, _, raw = line.decode("utf-8", "replace").strip().partition(" ")
+    handler = handlers.get(name)
+    try:
+        args = json.loads(raw) if raw else {}
+    except (ValueError, RecursionError):
+        args = None
+    if handler is None or not isinstance(args, dict):
+        return {"error": "unknown request"}
+    return {"mountpoint": mountpoint, **await handler(args)}
 
 
 def request_statistics(mountpoint: str, timeout_s: float = 10.0) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""The control socket's server on its own (`tierfs.cli.control.serve_control`): nothing it
+meets ends the mount. Through a real mount: tests/test_faults.py (a malformed request)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import trio
+
+from tierfs.cli import control
+
+
+async def test_a_socket_that_cannot_be_made_is_one_warning_not_the_mounts_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its directory cannot be made (here: a file stands in the way; another user's
+    /tmp/tierfs-UID, or a path too long for a Unix socket, fail the same way): the server
+    says so once and returns, and the mount's other tasks go on."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(control, "socket_dir", lambda: blocker / "tierfs")
+    with caplog.at_level(logging.WARNING, logger="tierfs"), trio.fail_after(5):
+        await control.serve_control(str(tmp_path / "mnt"), {})  # returns, raises nothing
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["no control socket"]
+
+
+async def test_a_mountpoint_whose_name_is_not_utf8_has_a_socket(tmp_path: Path) -> None:
+    """(Its name's encode() raised UnicodeEncodeError, in the server and the client.)"""
+    name = str(tmp_path) + "/mnt-\udcff"
+    assert control.socket_path(name) == control.socket_path(name)
+    assert control.socket_path(name).name.endswith(".sock")
