@@ -7,6 +7,7 @@ slowly, and `Blocks` over two "nodes" fetching each block from GCS once."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -458,3 +459,46 @@ def test_the_options_place_the_shared_tier() -> None:
     assert not shared.enabled
     shared, _ = settings_of("--cache-dir=/ssd", "--file-cache-shared-cache-dir=/nfs")
     assert not shared.enabled  # the option turns it on
+
+
+async def test_an_empty_marker_holds_no_reader(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A marker left empty (made, then its write failed on a full share, or its node died
+    in between) read as live for ever: every reader of that block, on every node, waited
+    the whole wait before fetching it, and no scan removed it. It reads as expired."""
+    tier = await opened(tmp_path)
+    key = BlockKey("ckpt", 7, 0)
+    marker = tier._marker(key)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_bytes(b"")
+    start = trio.current_time()
+    assert await tier.fetching(key) is None  # claimed at once, not after the wait
+    assert trio.current_time() - start < 1
+    assert float(marker.read_text()) > 0  # ours now
+    await tier.fetched(key)
+    marker.write_bytes(b"")
+    assert fmt.scan(tier.directory, time.time(), 0.0).stale_removed == 1
+    assert not marker.exists()
+
+
+def test_a_claim_whose_write_fails_leaves_no_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker is written whole, then linked into place: a write that fails (ENOSPC)
+    leaves neither a marker nor its temporary."""
+    marker = tmp_path / "top" / "ab" / f"abc.7.65536.0{fmt.MARKER_SUFFIX}"
+    (tmp_path / "top").mkdir()
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fmt.os, "write", full)
+    with pytest.raises(OSError):
+        fmt.create_marker(marker, tmp_path / "top", 100.0, 1.0)
+    monkeypatch.undo()
+    assert list((tmp_path / "top").rglob("*")) == [marker.parent]
+    assert fmt.create_marker(marker, tmp_path / "top", 100.0, 1.0)
+    assert not fmt.create_marker(marker, tmp_path / "top", 100.0, 2.0)  # live: another's
+    assert fmt.create_marker(marker, tmp_path / "top", 200.0, 150.0)  # expired: taken over
+    assert float(marker.read_text()) == 200.0

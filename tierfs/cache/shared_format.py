@@ -164,32 +164,59 @@ def inode_of(path: Path) -> int | None:
 
 
 def create_marker(path: Path, top: Path, expires_at: float, now: float) -> bool:
-    """Claim a block's fetch: create ``path`` with ``O_EXCL`` holding when the claim ends.
+    """Claim a block's fetch: make ``path`` hold when the claim ends, atomically (written in
+    a temporary, then hard-linked into place: ``link`` fails on an existing name, on NFS
+    too, as ``O_EXCL`` does), so that no marker is ever seen empty or half written.
 
     False if a live marker is there already (another node is fetching); an expired one is
-    replaced (its node died or gave up)."""
+    replaced (its node died or gave up). (A marker made with ``O_EXCL`` and then written
+    could stay empty, its write failing on a full share or its node dying in between;
+    read as live for ever, it held every reader of that block, on every node, for the
+    whole wait, and no scan removed it.)"""
     _ensure_dirs(path, top)
-    for _attempt in range(2):
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags, _FILE_MODE)
-        except FileExistsError:
-            expiry = marker_expiry(path)
-            if expiry is not None and expiry > now:
-                return False
-            _unlink(path)  # expired (or vanished): take it over
-            continue
+    temporary = path.with_name(f"{_TMP_PREFIX}{os.urandom(8).hex()}.marker")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, _FILE_MODE)
+    try:
         try:
             os.write(fd, f"{expires_at:.3f}\n".encode())
         finally:
             os.close(fd)
-        return True
-    return False
+        for _attempt in range(2):
+            try:
+                _link_once(temporary, path)
+            except FileExistsError:
+                expiry = marker_expiry(path)
+                if expiry is not None and expiry > now:
+                    return False
+                _unlink(path)  # expired (or vanished): take it over
+                continue
+            return True
+        return False
+    finally:
+        _unlink(temporary)
+
+
+def _link_once(temporary: Path, path: Path) -> None:
+    """``link(temporary, path)``, or where the file system has no hard links, ``path`` made
+    with ``O_EXCL`` and written (a torn marker then reads as expired: `marker_expiry`).
+    FileExistsError if ``path`` exists."""
+    try:
+        os.link(temporary, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, _FILE_MODE)
+        try:
+            os.write(fd, temporary.read_bytes())
+        finally:
+            os.close(fd)
 
 
 def marker_expiry(path: Path) -> float | None:
-    """When the marker at ``path`` expires; None if there is none. A marker caught between
-    its creation and its write (empty) counts as live for now."""
+    """When the marker at ``path`` expires; None if there is none. One that does not say
+    (empty, torn: never made by `create_marker`, which links it whole) has expired."""
     try:
         with open(path, "rb") as marker:
             text = marker.read(64)
@@ -202,7 +229,7 @@ def marker_expiry(path: Path) -> float | None:
     try:
         return float(text)
     except ValueError:
-        return float("inf")
+        return 0.0
 
 
 def poll(marker: Path, path: Path) -> tuple[float | None, bool]:
