@@ -502,3 +502,27 @@ def test_a_claim_whose_write_fails_leaves_no_marker(
     assert not fmt.create_marker(marker, tmp_path / "top", 100.0, 2.0)  # live: another's
     assert fmt.create_marker(marker, tmp_path / "top", 200.0, 150.0)  # expired: taken over
     assert float(marker.read_text()) == 200.0
+
+
+async def test_a_block_another_node_evicted_under_a_read_is_one_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS, a file another node unlinks (evicts, replaces) while this node reads it
+    fails that read with ESTALE. That is one miss, not an outage: it stepped the whole
+    tier aside for 30 s (every read a miss) and warned."""
+    a, b = await opened(tmp_path), await opened(tmp_path)
+    key = BlockKey("ckpt", 7, 0)
+    await a.put(key, block(3))
+    read_block = fmt.read_block
+    raced = []
+
+    def stale_once(*args: object, **kwargs: object) -> object:
+        if not raced:
+            raced.append(True)
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        return read_block(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fmt, "read_block", stale_once)
+    assert await b.get(key) is None  # the raced read: a miss
+    assert b.statistics()["outages"] == 0
+    assert await b.get(key) == block(3)  # the tier is still in use

@@ -8,8 +8,9 @@ down: the tier steps aside. `Access.run` runs one blocking call in a worker thre
 to finish alone, and the limiter bounds how many can be left) and turns a failure
 into `Unavailable` after deciding what it means:
 
-- slow beyond ``io_timeout_s``, or an outage errno (EIO, ENOTCONN, ESTALE, a missing
-  directory): no I/O at all for ``retry_s`` (`usable` is False; every get a miss);
+- slow beyond ``io_timeout_s``, or an outage errno (EIO, ENOTCONN, ESTALE but on one
+  block's files, a missing directory): no I/O at all for ``retry_s`` (`usable` is
+  False; every get a miss);
 - full or read-only (ENOSPC, EDQUOT, EROFS, EACCES) on a write: no writes for
   ``retry_s`` (`writable` is False), reads go on;
 - anything else: counted, and that one call is a miss.
@@ -34,6 +35,11 @@ log = logging.getLogger("tierfs.cache")
 _OUTAGE = {errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.ENOENT}
 _NO_WRITES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 _WRITES = ("store", "claim", "open")
+# Calls on one block's files: ESTALE there is another node's eviction, replacement or
+# delete of a file this node had open (NFS keeps an unlinked file for its own client
+# only), one miss; it stepped the whole tier aside for ``retry_s`` on every node that
+# lost such a race, as ordinary between nodes as evictions are.
+_ONE_FILE = ("read", "claim", "delete", "evict")
 T = TypeVar("T")
 
 
@@ -91,7 +97,9 @@ class Access:
             raise Unavailable from None
         except OSError as exc:
             self.errors += 1
-            if exc.errno in _NO_WRITES and what in _WRITES:
+            if exc.errno == errno.ESTALE and what in _ONE_FILE:
+                log.debug("shared cache: %s raced another node: %s", what, exc)
+            elif exc.errno in _NO_WRITES and what in _WRITES:
                 self._step_aside(what, str(exc), writes_only=what != "open")
             elif exc.errno in _OUTAGE or what == "open":
                 self._step_aside(what, str(exc), writes_only=False)
