@@ -40,7 +40,23 @@ log = logging.getLogger("tierfs.metrics")
 # Counters of `GcsBucket.statistics` (the rest are gauges), and gcsfuse's name for some.
 GAUGES = {"in_flight_peak"}
 GCSFUSE_NAMES = {"requests": "gcs_request_count", "bytes_read": "gcs_read_bytes_count"}
-TIER_GAUGES = {"used_bytes", "capacity_bytes", "entries", "files", "known_blocks", "unavailable"}
+# Values that go down are gauges: exported as counters, each fall read as a reset and
+# rate() showed a spike (pooled, reserved and pending bytes; the metadata cache's size;
+# the write-back files copying or deleting now).
+TIER_GAUGES = {
+    "used_bytes",
+    "capacity_bytes",
+    "entries",
+    "files",
+    "known_blocks",
+    "unavailable",
+    "pooled_bytes",
+    "reserved_bytes",
+    "reserved_peak_bytes",
+    "pending_bytes",
+}
+METADATA_GAUGES = {"entries", "used_bytes", "type_entries", "type_used_bytes"}
+WRITEBACK_GAUGES = {"enabled", "pending", "failing", "moving", "deleting", "copying"}
 
 Snapshot = tuple[dict[str, Any], dict[str, OpLatency]]
 
@@ -69,10 +85,8 @@ class StatsCollector(Collector):
         yield from _gcs(stats.get("gcs", {}))
         yield from _tiers(stats.get("data", {}).get("tiers", {}))
         yield from _flat("tierfs_data", stats.get("data", {}), set())  # (fills, read-ahead)
-        yield from _flat("tierfs_metadata_cache", stats.get("metadata_cache", {}), {"entries"})
-        yield from _flat(
-            "tierfs_writeback", stats.get("writeback", {}), {"pending", "failing", "moving"}
-        )
+        yield from _flat("tierfs_metadata_cache", stats.get("metadata_cache", {}), METADATA_GAUGES)
+        yield from _flat("tierfs_writeback", stats.get("writeback", {}), WRITEBACK_GAUGES)
         yield from _flat(
             "tierfs_python_gc", stats.get("python_gc", {}), {"longest_pause_s", "frozen_objects"}
         )
