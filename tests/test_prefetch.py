@@ -7,10 +7,12 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
 from tests.mounting import TIERFS, Mount, stats
+from tierfs.cli import prefetch as prefetch_module
 
 MiB = 1 << 20
 
@@ -92,3 +94,39 @@ def test_prefetch_on_a_mount_that_keeps_nothing_says_so(
     assert result.returncode == 0 and result.stdout == ""
     assert "the mount keeps no data (no RAM tier, no cache dir): nothing to warm" in result.stderr
     assert stats(mount)["gcs"]["media_reads"] == 0
+
+
+def test_prefetch_of_a_file_named_twice_reads_it_once(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str
+) -> None:
+    """``prefetch data data/part-0``: part-0 counted and read once (twice before, and its
+    size twice could say "more than the tiers hold" when it was not)."""
+    for i in range(2):
+        gcs_client.bucket(bucket_name).blob(f"data/part-{i}").upload_from_string(
+            os.urandom(8 * MiB)
+        )
+    mount = mount_factory("--ram-cache-max-size-mb=20", "--implicit-dirs")
+    result = subprocess.run(
+        [TIERFS, "prefetch", str(mount.path / "data"), str(mount.path / "data" / "part-0")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("prefetched 2 files, 16.0 MiB"), result.stdout
+
+
+def test_a_tier_of_unknown_size_bounds_no_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared tier sized by its volume says -1 until its first scan: no bound, not
+    a bound of -1 bytes ("the tiers hold -0.0 MiB: warming 0 of 1 files")."""
+    answers = {
+        "shared": {
+            "data": {"tiers": {"ram": {"capacity_bytes": 0}, "shared": {"capacity_bytes": -1}}}
+        },
+        "ram": {"data": {"tiers": {"ram": {"capacity_bytes": 5}}}},
+    }
+    monkeypatch.setattr(
+        prefetch_module, "request_statistics", lambda mountpoint: answers[mountpoint]
+    )
+    assert prefetch_module.tier_capacity("shared") is None
+    assert prefetch_module.tier_capacity("ram") == 5

@@ -45,6 +45,17 @@ def tierfs_mount_of(path: Path) -> str | None:
 
 
 def files_below(paths: list[Path]) -> Iterator[tuple[Path, int]]:
+    """Each file at or below ``paths`` once (``prefetch d d/f`` counted and read f twice,
+    and could say it was more than the tiers hold when it was not)."""
+    seen: set[str] = set()
+    for path, size in _files_below(paths):
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            yield path, size
+
+
+def _files_below(paths: list[Path]) -> Iterator[tuple[Path, int]]:
     for path in paths:
         if path.is_dir():
             for root, _dirs, names in os.walk(path):
@@ -57,12 +68,18 @@ def files_below(paths: list[Path]) -> Iterator[tuple[Path, int]]:
 
 
 def tier_capacity(mountpoint: str) -> int | None:
-    """Bytes the mount's largest tier holds (0: no tier), or None if the mount cannot say."""
+    """Bytes the mount's largest tier holds (0: no tier), or None if the mount cannot say:
+    a tier whose size is not known yet (-1: the shared tier sized by its volume's free
+    space before its first scan) is no bound (it was taken for -1 bytes: "the tiers hold
+    -0.0 MiB: warming 0 of 1 files")."""
     try:
         tiers = request_statistics(mountpoint)["data"]["tiers"]
-        return max((int(tier["capacity_bytes"]) for tier in tiers.values()), default=0)
+        sizes = [int(tier["capacity_bytes"]) for tier in tiers.values()]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if any(size < 0 for size in sizes):
+        return None
+    return max(sizes, default=0)
 
 
 def that_fit(files: list[tuple[Path, int]], capacity: int) -> list[tuple[Path, int]]:
