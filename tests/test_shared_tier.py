@@ -7,6 +7,7 @@ slowly, and `Blocks` over two "nodes" fetching each block from GCS once."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import math
@@ -25,7 +26,7 @@ from tierfs import settings
 from tierfs.cache import BlockKey
 from tierfs.cache import shared_format as fmt
 from tierfs.cache.ram import RamTier
-from tierfs.cache.shared import SharedTier
+from tierfs.cache.shared import AUTO, SharedTier
 from tierfs.core.blocks import Blocks
 from tierfs.storage.memory import MemoryBucket
 
@@ -526,3 +527,26 @@ async def test_a_block_another_node_evicted_under_a_read_is_one_miss(
     assert await b.get(key) is None  # the raced read: a miss
     assert b.statistics()["outages"] == 0
     assert await b.get(key) == block(3)  # the tier is still in use
+
+
+async def test_a_cap_sized_by_the_volume_is_kept_between_timed_scans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shared-cache-max-size-mb: -1`` (the volume's free space less a margin): a node
+    scans once it wrote a sixteenth of the cap the last scan measured, as with a set
+    cap. Only the 30 s timer did (the cap it compared with was infinite), so the nodes
+    wrote 30 s of blocks past it."""
+    size = len(fmt.block_bytes(b"f", 1, 0, BLOCK, block(0)))
+    scan = fmt.scan
+
+    def volume_of_four_blocks(top: Path, now: float, marker_now: float) -> fmt.Listing:
+        found = scan(top, now, marker_now)  # room for 9 blocks, 5 of them the margin
+        free = max(0, 9 * size - found.used_bytes)
+        return dataclasses.replace(found, total_bytes=100 * size, free_bytes=free)
+
+    monkeypatch.setattr(fmt, "scan", volume_of_four_blocks)
+    a = await opened(tmp_path, max_bytes=AUTO)
+    for i in range(16):
+        await a.put(BlockKey("f", 1, i), block(i))
+    kept = [p for p in a.directory.rglob("*") if p.is_file()]
+    assert len(kept) <= 5, len(kept)  # 16 before

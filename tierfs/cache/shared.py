@@ -393,10 +393,15 @@ class SharedTier:
             self._scanning = False
 
     def _due(self) -> bool:
+        """With the cap sized by the volume (AUTO), by the cap the last scan measured: by
+        `_max_bytes` (infinite there) only the 30 s timer ever started a scan, and the
+        nodes could write 30 s of blocks past the cap, into the volume's margin. Before a
+        first scan has measured it, the first write starts one."""
         if self._scanning or not self._written_since_scan:
             return False
         elapsed = trio.current_time() - self._last_scan
-        return self._written_since_scan >= self._max_bytes / 16 or elapsed >= SCAN_EVERY_S
+        cap = self._last_cap
+        return math.isinf(cap) or self._written_since_scan >= cap / 16 or elapsed >= SCAN_EVERY_S
 
     def _cap(self, listing: fmt.Listing) -> float:
         if self._requested_bytes != AUTO:
