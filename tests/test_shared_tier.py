@@ -550,3 +550,23 @@ async def test_a_cap_sized_by_the_volume_is_kept_between_timed_scans(
         await a.put(BlockKey("f", 1, i), block(i))
     kept = [p for p in a.directory.rglob("*") if p.is_file()]
     assert len(kept) <= 5, len(kept)  # 16 before
+
+
+async def test_a_share_mounted_after_the_node_started_is_used_once_it_is_there(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The shared file system mounted after tierfs (a boot-order race; the first node
+    ever): tierfs's folder inside it did not exist, puts stopped at it (ENOENT) and the
+    tier stepped aside again and again, for good. Puts now make that folder (never the
+    share's own directory)."""
+    root = tmp_path / "share"
+    tier = node(root)
+    await tier.open()  # not there: the tier steps aside
+    key = BlockKey("ckpt", 7, 0)
+    await tier.put(key, block(5))
+    assert not root.exists()  # the share's own directory is never made
+    root.mkdir()  # mounted now
+    await trio.sleep(60)  # past the step-aside
+    await tier.put(key, block(5))
+    assert await tier.get(key) == block(5)
+    assert stat.S_IMODE(os.stat(tier.directory).st_mode) == 0o700

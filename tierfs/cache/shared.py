@@ -178,7 +178,7 @@ class SharedTier:
         try:
             with trio.CancelScope(shield=True):
                 wrote = await self._access.run(
-                    "store", fmt.write_block, self._path(key), self.directory, content
+                    "store", fmt.write_block, self._path(key), self.root, content
                 )
         except Unavailable:
             return
@@ -232,7 +232,7 @@ class SharedTier:
             # still make the marker, which nobody would then remove before it expires.
             with trio.CancelScope(shield=True):
                 claimed = await self._access.run(
-                    "claim", fmt.create_marker, marker, self.directory, now + self._marker_s, now
+                    "claim", fmt.create_marker, marker, self.root, now + self._marker_s, now
                 )
         except Unavailable:
             return False

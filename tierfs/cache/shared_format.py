@@ -77,7 +77,10 @@ def block_bytes(
 
 
 def _ensure_dirs(path: Path, top: Path) -> None:
-    """Create the directories from ``top`` down to ``path``'s parent, 0700 each."""
+    """Create the directories below ``top`` down to ``path``'s parent, 0700 each. Puts and
+    claims pass the share's root, which is never made (not mounted: not a local
+    directory), so that tierfs's folder inside a share mounted after it started, or
+    mounted again empty, is made anew."""
     missing = []
     parent = path.parent
     while parent != top and not parent.is_dir():
