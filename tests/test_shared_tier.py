@@ -570,3 +570,33 @@ async def test_a_share_mounted_after_the_node_started_is_used_once_it_is_there(
     await tier.put(key, block(5))
     assert await tier.get(key) == block(5)
     assert stat.S_IMODE(os.stat(tier.directory).st_mode) == 0o700
+
+
+async def test_a_listing_slower_than_its_bound_is_no_outage_and_never_piles_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A share so large its listing outlasts the bound: the tier stepped aside for reads
+    too (they were fine), and each later write started another listing beside the one
+    still running. Reads go on; one listing runs at a time."""
+    scan = fmt.scan
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def slow_scan(top: Path, now: float, marker_now: float) -> fmt.Listing:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.5)  # (real time, in the worker thread)
+        with lock:
+            running -= 1
+        return scan(top, now, marker_now)
+
+    monkeypatch.setattr(fmt, "scan", slow_scan)
+    tier = await opened(tmp_path, max_bytes=BLOCK, io_timeout_s=0.05)  # listings: 0.3 s
+    for i in range(3):
+        await tier.put(BlockKey("f", 1, i), block(i))  # each over a sixteenth of the cap
+    assert tier.statistics()["outages"] == 0
+    assert await tier.get(BlockKey("f", 1, 2)) == block(2)
+    await trio.to_thread.run_sync(time.sleep, 0.6)  # the abandoned listing ends
+    assert most == 1

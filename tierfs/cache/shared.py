@@ -44,6 +44,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -125,6 +126,7 @@ class SharedTier:
         self._written_since_scan = 0
         self._used_bytes = 0
         self._last_cap = self._max_bytes  # AUTO: as measured by the last listing
+        self._scan_lock = threading.Lock()  # held by the scan running in a thread (`_scan`)
         self._counts = dict.fromkeys(
             (
                 "hits", "misses", "corrupt", "bytes_read", "bytes_written", "puts_skipped",
@@ -369,12 +371,14 @@ class SharedTier:
             self._written_since_scan = 0
             listing = await self._access.run(
                 "scan",
-                fmt.scan,
+                self._scan,
                 self.directory,
                 time.time(),
                 self._clock(),
                 timeout_s=self._access.io_timeout_s * 6,
             )
+            if listing is None:
+                return  # the last one still runs
             self._counts["stale_removed"] += listing.stale_removed
             self._used_bytes = listing.used_bytes
             cap = self._last_cap = self._cap(listing)
@@ -392,12 +396,23 @@ class SharedTier:
         finally:
             self._scanning = False
 
+    def _scan(self, top: Path, now: float, marker_now: float) -> fmt.Listing | None:
+        """`fmt.scan`, one at a time (in a worker thread): a scan abandoned past its bound
+        goes on alone, and the next one waits for it to end rather than pile up beside
+        it, each holding one of the tier's threads."""
+        if not self._scan_lock.acquire(blocking=False):
+            return None
+        try:
+            return fmt.scan(top, now, marker_now)
+        finally:
+            self._scan_lock.release()
+
     def _due(self) -> bool:
         """With the cap sized by the volume (AUTO), by the cap the last scan measured: by
         `_max_bytes` (infinite there) only the 30 s timer ever started a scan, and the
         nodes could write 30 s of blocks past the cap, into the volume's margin. Before a
         first scan has measured it, the first write starts one."""
-        if self._scanning or not self._written_since_scan:
+        if self._scanning or not self._written_since_scan or self._scan_lock.locked():
             return False
         elapsed = trio.current_time() - self._last_scan
         cap = self._last_cap

@@ -40,6 +40,9 @@ _WRITES = ("store", "claim", "open")
 # only), one miss; it stepped the whole tier aside for ``retry_s`` on every node that
 # lost such a race, as ordinary between nodes as evictions are.
 _ONE_FILE = ("read", "claim", "delete", "evict")
+# A listing of a large share outlasting its bound is not an outage: reads went on fine,
+# but the tier stepped aside for them too (and eviction never finished).
+_LISTINGS = ("scan", "evict")
 T = TypeVar("T")
 
 
@@ -65,6 +68,7 @@ class Access:
         self._down_until = -math.inf  # trio time: no I/O at all before it
         self._no_writes_until = -math.inf  # trio time: no writes before it
         self._warned = False
+        self._slow_listing = False  # (said once as a warning)
         self.errors = 0
         self.outages = 0
 
@@ -93,7 +97,16 @@ class Access:
                 )
         except trio.TooSlowError:
             self.errors += 1
-            self._step_aside(what, f"no answer within {bound:g} s", writes_only=False)
+            if what in _LISTINGS:
+                log.log(
+                    logging.DEBUG if self._slow_listing else logging.WARNING,
+                    "shared cache %s: listing it took over %g s; eviction waits for the next",
+                    self.directory,
+                    bound,
+                )
+                self._slow_listing = True
+            else:
+                self._step_aside(what, f"no answer within {bound:g} s", writes_only=False)
             raise Unavailable from None
         except OSError as exc:
             self.errors += 1
