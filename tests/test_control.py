@@ -4,6 +4,8 @@ meets ends the mount. Through a real mount: tests/test_faults.py (a malformed re
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,26 @@ async def test_a_mountpoint_whose_name_is_not_utf8_has_a_socket(tmp_path: Path) 
     name = str(tmp_path) + "/mnt-\udcff"
     assert control.socket_path(name) == control.socket_path(name)
     assert control.socket_path(name).name.endswith(".sock")
+
+
+def test_a_daemon_that_ends_a_request_without_an_answer_is_an_oserror(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(The client parsed the empty answer: `tierfs stats` said "internal error:
+    JSONDecodeError" when the daemon died mid-request.)"""
+    monkeypatch.setattr(control, "socket_dir", lambda: tmp_path)
+    path = control.socket_path(str(tmp_path / "mnt"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+
+        def hang_up() -> None:
+            connection, _ = server.accept()
+            connection.recv(100)
+            connection.close()
+
+        thread = threading.Thread(target=hang_up)
+        thread.start()
+        with pytest.raises(OSError, match="without an answer"):
+            control.request(str(tmp_path / "mnt"), "stats", 10)
+        thread.join()

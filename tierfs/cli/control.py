@@ -9,6 +9,7 @@ JSON document back. Only the mount's owner (and root) can reach it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -143,7 +144,13 @@ def request(
         chunks = []
         while chunk := client.recv(1 << 16):
             chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:  # (the daemon died or ended mid-request: "internal error" before)
+        answer = None
+    if not isinstance(answer, dict):
+        raise OSError(errno.ECONNRESET, "the daemon ended the request without an answer")
+    return answer
 
 
 def _size(count: float) -> str:

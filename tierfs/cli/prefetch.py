@@ -32,8 +32,13 @@ WORKERS = 4
 
 
 def tierfs_mount_of(path: Path) -> str | None:
-    """The tierfs mountpoint holding ``path``, if any."""
-    target = str(path.resolve())
+    """The tierfs mountpoint holding ``path`` (resolved), if any."""
+    return tierfs_mount_holding(str(path.resolve()))
+
+
+def tierfs_mount_holding(target: str) -> str | None:
+    """The tierfs mountpoint that is ``target`` or above it, by name alone (nothing is
+    looked up: ``target`` may be in a mount that does not answer)."""
     best = None
     for entry in mounts():
         if entry.fstype == "fuse.tierfs" and (
