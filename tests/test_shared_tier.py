@@ -600,3 +600,19 @@ async def test_a_listing_slower_than_its_bound_is_no_outage_and_never_piles_up(
     assert await tier.get(BlockKey("f", 1, 2)) == block(2)
     await trio.to_thread.run_sync(time.sleep, 0.6)  # the abandoned listing ends
     assert most == 1
+
+
+async def test_a_node_whose_claim_expired_leaves_the_claim_another_node_took_over(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Node A's fetch outlasts its claim; B takes the claim over. A, done, removed the
+    marker whatever it held: B's live claim went, and a third node fetched beside B."""
+    a, b = await opened(tmp_path, marker_s=1), await opened(tmp_path, marker_s=20)
+    key = BlockKey("ckpt", 7, 0)
+    assert await a.fetching(key) is None  # A claims and fetches
+    await trio.sleep(2)  # ... for longer than its claim
+    assert await b.fetching(key) is None  # B takes the expired claim over
+    await a.fetched(key)
+    assert a._marker(key).exists()  # B's claim stays
+    await b.fetched(key)
+    assert not a._marker(key).exists()

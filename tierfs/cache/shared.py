@@ -120,7 +120,7 @@ class SharedTier:
         self._poll_s = poll_s
         self._background = background
         self._known: LRUCache[BlockKey, bool] = LRUCache(maxsize=KNOWN_KEYS)
-        self._claims: dict[BlockKey, Path] = {}
+        self._claims: dict[BlockKey, tuple[Path, float]] = {}  # marker, when it expires
         self._scanning = False
         self._last_scan = -math.inf
         self._written_since_scan = 0
@@ -229,17 +229,18 @@ class SharedTier:
 
     async def _claim(self, key: BlockKey, marker: Path) -> bool:
         now = self._clock()
+        expires_at = now + self._marker_s
         try:
             # Shielded (bounded by the I/O bound): a claim abandoned in its thread would
             # still make the marker, which nobody would then remove before it expires.
             with trio.CancelScope(shield=True):
                 claimed = await self._access.run(
-                    "claim", fmt.create_marker, marker, self.root, now + self._marker_s, now
+                    "claim", fmt.create_marker, marker, self.root, expires_at, now
                 )
         except Unavailable:
             return False
         if claimed:
-            self._claims[key] = marker
+            self._claims[key] = (marker, expires_at)
         return claimed
 
     async def read_part(self, key: BlockKey, offset: int, length: int) -> bytes | None:
@@ -256,12 +257,12 @@ class SharedTier:
 
     async def fetched(self, key: BlockKey) -> None:
         """The fetch `fetching` claimed is over (stored or failed): drop our marker."""
-        marker = self._claims.pop(key, None)
-        if marker is None:
+        claim = self._claims.pop(key, None)
+        if claim is None:
             return
         try:
             with trio.CancelScope(shield=True):
-                await self._access.run("claim", fmt.remove, marker)
+                await self._access.run("claim", fmt.remove_marker, *claim)
         except Unavailable:
             pass  # it expires by itself
 

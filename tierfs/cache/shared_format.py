@@ -217,6 +217,14 @@ def _link_once(temporary: Path, path: Path) -> None:
             os.close(fd)
 
 
+def remove_marker(path: Path, expires_at: float) -> None:
+    """Unlink the marker at ``path`` if it is still ours (holds ``expires_at``): once ours
+    expired, another node may have taken the claim over, and its live marker must stay
+    (removed, a third node would fetch the block beside it)."""
+    if marker_expiry(path) == float(f"{expires_at:.3f}"):
+        _unlink(path)
+
+
 def marker_expiry(path: Path) -> float | None:
     """When the marker at ``path`` expires; None if there is none. One that does not say
     (empty, torn: never made by `create_marker`, which links it whole) has expired."""
