@@ -616,3 +616,33 @@ async def test_a_node_whose_claim_expired_leaves_the_claim_another_node_took_ove
     assert a._marker(key).exists()  # B's claim stays
     await b.fetched(key)
     assert not a._marker(key).exists()
+
+
+async def test_a_damaged_copy_replaced_by_a_good_one_meanwhile_is_not_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader finds a damaged copy; before it deletes it, another node publishes a good
+    copy in its place. That good copy stays (it was deleted: another fetch from GCS)."""
+    a, b = await opened(tmp_path), await opened(tmp_path)
+    key = BlockKey("ckpt", 7, 0)
+    await a.put(key, block(4))
+    path = a.path_of(key)
+    good = path.read_bytes()
+    damaged = bytearray(good)
+    damaged[-1] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    read_block = fmt.read_block
+
+    def then_replaced(*args: object, **kwargs: object) -> object:
+        answer = read_block(*args, **kwargs)  # type: ignore[arg-type]
+        fmt._publish(path, good)  # the other node's good copy, renamed into place
+        return answer
+
+    monkeypatch.setattr(fmt, "read_block", then_replaced)
+    assert await b.get(key) is None  # the damaged copy: a miss
+    assert b.statistics()["corrupt"] == 1
+    monkeypatch.undo()
+    assert path.exists()
+    assert await b.get(key) == block(4)
+    path.write_bytes(bytes(damaged))  # damaged, and nobody replaces it: deleted
+    assert await b.get(key) is None and not path.exists()

@@ -328,7 +328,15 @@ class SharedTier:
                 status,
             )
             try:
-                await self._access.run("delete", fmt.remove, path)
+                await self._access.run(
+                    "delete",
+                    fmt.remove_damaged,
+                    path,
+                    name,
+                    key.generation,
+                    key.index,
+                    self._block_size,
+                )
             except Unavailable:
                 pass
         return None

@@ -113,30 +113,56 @@ def read_block(
     if isinstance(fd, str):
         return fd, b""
     try:
-        st = os.fstat(fd)
-        head_size = HEADER.size + len(name)
-        head = _pread_exact(fd, head_size, 0)
-        if len(head) < head_size:
-            return f"short file ({st.st_size} bytes)", b""
-        problem, length, crc = _check_header(
-            head, name, generation, index, block_size,
-            magic=SHARED_MAGIC, version=SHARED_VERSION, what="header",
-        )  # fmt: skip
-        if problem:
-            return problem, b""
-        if st.st_size != head_size + length:
-            return f"wrong length ({st.st_size} bytes, header says {head_size + length})", b""
-        payload = _pread_exact(fd, length, head_size)
-        if len(payload) != length:
-            return "short payload", b""
-        if google_crc32c.value(payload) != crc:
-            return "CRC32C mismatch", b""
-        if now - st.st_mtime >= TOUCH_EVERY_S:
+        status, payload, st = _checked(fd, name, generation, index, block_size)
+        if status == OK and now - st.st_mtime >= TOUCH_EVERY_S:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # recency for eviction, cheaply
-        return OK, payload
+        return status, payload
     finally:
         os.close(fd)
+
+
+def _checked(
+    fd: int, name: bytes, generation: int, index: int, block_size: int
+) -> tuple[str, bytes, os.stat_result]:
+    """The block file open as ``fd``: (``"ok"``, payload) or (why it is damaged, b""), and
+    its status."""
+    st = os.fstat(fd)
+    head_size = HEADER.size + len(name)
+    head = _pread_exact(fd, head_size, 0)
+    if len(head) < head_size:
+        return f"short file ({st.st_size} bytes)", b"", st
+    problem, length, crc = _check_header(
+        head, name, generation, index, block_size,
+        magic=SHARED_MAGIC, version=SHARED_VERSION, what="header",
+    )  # fmt: skip
+    if problem:
+        return problem, b"", st
+    if st.st_size != head_size + length:
+        return f"wrong length ({st.st_size} bytes, header says {head_size + length})", b"", st
+    payload = _pread_exact(fd, length, head_size)
+    if len(payload) != length:
+        return "short payload", b"", st
+    if google_crc32c.value(payload) != crc:
+        return "CRC32C mismatch", b"", st
+    return OK, payload, st
+
+
+def remove_damaged(path: Path, name: bytes, generation: int, index: int, block_size: int) -> None:
+    """Unlink the block file at ``path`` if the file there now is damaged too: a good copy
+    another node published in place of the damaged one we read stays (removed, it cost
+    that node's readers and this one another fetch from GCS)."""
+    fd = _open_ours(path)
+    if isinstance(fd, str):
+        if fd != MISSING:
+            _unlink(path)  # not a regular file: never a good copy
+        return
+    try:
+        status, _, st = _checked(fd, name, generation, index, block_size)
+    finally:
+        os.close(fd)
+    if status != OK:
+        remove_if_same(path, st.st_ino)
 
 
 def exists(path: Path) -> bool:
@@ -154,13 +180,6 @@ def remove_if_same(path: Path, ino: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         if os.stat(path, follow_symlinks=False).st_ino == ino:
             _unlink(path)
-
-
-def inode_of(path: Path) -> int | None:
-    try:
-        return os.stat(path, follow_symlinks=False).st_ino
-    except FileNotFoundError:
-        return None
 
 
 # --- fetch markers ---------------------------------------------------------------------
