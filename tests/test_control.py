@@ -56,3 +56,24 @@ def test_a_daemon_that_ends_a_request_without_an_answer_is_an_oserror(
         with pytest.raises(OSError, match="without an answer"):
             control.request(str(tmp_path / "mnt"), "stats", 10)
         thread.join()
+
+
+async def test_a_daemon_leaves_another_daemons_socket_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck daemon taken off lazily, a new mount made on the same mountpoint (its own
+    socket, same name), then the old daemon let go: on its way out it removed the new
+    daemon's socket. It removes only its own."""
+    monkeypatch.setattr(control, "socket_dir", lambda: tmp_path)
+    mountpoint = str(tmp_path / "mnt")
+    path = control.socket_path(mountpoint)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(control.serve_control, mountpoint, {})
+        with trio.fail_after(5):
+            while not path.exists():
+                await trio.sleep(0.01)
+        path.unlink()  # the new daemon's socket in its place
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as newer:
+            newer.bind(str(path))
+            nursery.cancel_scope.cancel()
+    assert path.exists()

@@ -64,10 +64,12 @@ async def serve_control(mountpoint: str, handlers: dict[str, Handler]) -> None:
     except (OSError, ValueError) as err:
         log.warning("no control socket (%s): tierfs stats, sync and prefetch cannot reach it", err)
         return
+    ours: int | None = None  # the socket file's inode, once bound
     try:
         try:
             await sock.bind(str(path))
             os.chmod(path, 0o600)
+            ours = os.stat(path).st_ino
             sock.listen(8)
         except OSError as err:
             sock.close()
@@ -95,7 +97,15 @@ async def serve_control(mountpoint: str, handlers: dict[str, Handler]) -> None:
 
         await trio.serve_listeners(answer, [listener])
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        _remove_if_ours(path, ours)
+
+
+def _remove_if_ours(path: Path, ours: int | None) -> None:
+    """Remove the socket file if it is still the one this daemon bound: a daemon that was
+    stuck, taken off lazily and mounted over, then let go, removed the new daemon's
+    socket on its way out (stats, sync and prefetch could no longer reach that mount)."""
+    with contextlib.suppress(FileNotFoundError):
+        if ours is None or os.stat(path).st_ino == ours:
             path.unlink()
 
 
