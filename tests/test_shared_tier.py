@@ -113,6 +113,7 @@ async def test_a_reader_waits_for_the_block_another_node_is_fetching(
     start = trio.current_time()
 
     async def reader() -> None:
+        assert await b.get(key) is None  # the miss that sends it to fetch
         got.append(await b.fetching(key))
 
     async with trio.open_nursery() as nursery:
@@ -124,6 +125,7 @@ async def test_a_reader_waits_for_the_block_another_node_is_fetching(
     assert 3 <= trio.current_time() - start < 4
     numbers = b.statistics()
     assert numbers["waits"] == 1 and numbers["wait_hits"] == 1 and numbers["wait_timeouts"] == 0
+    assert (numbers["hits"], numbers["misses"]) == (1, 0)  # one lookup (was 1 and 1)
     assert not list(tmp_path.rglob("*.fetching"))
 
 

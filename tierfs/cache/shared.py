@@ -219,13 +219,21 @@ class SharedTier:
             # and our claim: look once more before going to GCS.
             data = await self._read(key)
             if data is not None:
-                self._counts["hits"] += 1
+                self._miss_was_a_hit()
                 await self.fetched(key)
             return data
         data = await self._wait(key, marker)
-        if data is None:  # that fetch failed or expired: ours now, and others wait for us
+        # That fetch failed or expired: ours now, and others wait for us (unless the share
+        # stepped aside meanwhile: a claim then only waited out one more bound, shielded).
+        if data is None and self._access.usable():
             await self._claim(key, marker)
         return data
+
+    def _miss_was_a_hit(self) -> None:
+        """The block `get` missed came after all (published meanwhile, or waited for): one
+        lookup, one hit (it counted as a miss and a hit)."""
+        self._counts["hits"] += 1
+        self._counts["misses"] = max(0, self._counts["misses"] - 1)
 
     async def _claim(self, key: BlockKey, marker: Path) -> bool:
         now = self._clock()
@@ -356,7 +364,7 @@ class SharedTier:
             data = await self._read(key) if there else None
             if data is not None:
                 self._counts["wait_hits"] += 1
-                self._counts["hits"] += 1
+                self._miss_was_a_hit()
                 return data
             if expiry is None:
                 return None  # that fetch failed: ours now
