@@ -584,6 +584,39 @@ async def test_statistics(bucket: Bucket) -> None:
     assert stats["requests"] >= 7 and stats["retries"] == 0
 
 
+async def test_a_streamed_upload_names_its_own_generation_not_the_one_live_after_it(
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BlobWriter drops the answer to the last chunk; finish() read the object back, and
+    took whatever generation was live by then: another client's, written in between, was
+    reported as ours (its size and CRC32C), and the next upload, conditional on that
+    generation, replaced the other client's object. The answer names ours."""
+    ours = os.urandom(300 * KiB)
+    theirs = b"theirs"
+    reload = storage.Blob.reload
+
+    def another_client_first(blob: storage.Blob, *args: object, **kwargs: object) -> None:
+        gcs_client.bucket(bucket_name).blob("streamed").upload_from_string(theirs)
+        reload(blob, *args, **kwargs)
+
+    monkeypatch.setattr(storage.Blob, "reload", another_client_first)
+    gcs = GcsBucket.connect(bucket_name, endpoint=emulator.endpoint, anonymous=True)
+    try:
+        upload = await gcs.open_upload("streamed", if_generation_match=0, chunk_bytes=256 * KiB)
+        await upload.write(ours)
+        info = await upload.finish()
+    finally:
+        gcs.close()
+    monkeypatch.undo()
+    crc = base64.b64encode(google_crc32c.Checksum(ours).digest()).decode()
+    assert (info.size, info.crc32c) == (len(ours), crc)  # before: 6 bytes, theirs
+    blob = gcs_client.bucket(bucket_name).get_blob("streamed")
+    assert blob is not None and blob.generation == info.generation
+
+
 async def test_bytes_written_counts_what_reached_the_bucket_once(bucket: Bucket) -> None:
     aborted = await bucket.open_upload("gone", if_generation_match=0, chunk_bytes=256 * 1024)
     await aborted.write(b"x" * 1000)

@@ -81,6 +81,7 @@ class GcsUpload:
         blob, writer = self._blob, self._writer
 
         def run() -> ObjectInfo:
+            answers = _answers_of(writer)
             try:
                 writer.close()  # the last chunk; the object exists from here
             except storage_exceptions.DataCorruption as err:
@@ -95,10 +96,18 @@ class GcsUpload:
                     f" streamed ({err})",
                     generation,
                 ) from err
-            blob.reload()  # BlobWriter keeps no response: read back the new generation
+            # The object the last chunk's answer names: BlobWriter drops that answer, and
+            # reading the object back (blob.reload) named whatever generation was live by
+            # then: another client's, written in between, was taken for ours, and the next
+            # upload, conditional on it, replaced that client's object.
+            if not answers or not _generation_of(answers[-1]):
+                raise BackendError(
+                    f"gs://{self._owner.name}/{blob.name}: the upload's last answer names no object"
+                )
+            blob._set_properties(answers[-1].json())
             return _info(blob)
 
-        info = await self._owner._call(run, f"gs://{self._owner.name}/{blob.name}", requests=2)
+        info = await self._owner._call(run, f"gs://{self._owner.name}/{blob.name}", requests=1)
         self._owner._counters.add(bytes_written=self._written % self._chunk)
         return info
 
@@ -110,6 +119,25 @@ class GcsUpload:
                 writer.terminate()
 
         await trio.to_thread.run_sync(run)
+
+
+def _answers_of(writer: Any) -> list[Any]:
+    """The answers to the chunks ``writer`` (a BlobWriter) sends from now on, in order: its
+    session's ``transmit_next_chunk``, wrapped (the session is started first if no chunk
+    went yet; BlobWriter would start it at close)."""
+    if not writer._upload_and_transport:
+        writer._initiate_upload()
+    upload = writer._upload_and_transport[0]
+    send = upload.transmit_next_chunk
+    answers: list[Any] = []
+
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        answer = send(*args, **kwargs)
+        answers.append(answer)
+        return answer
+
+    upload.transmit_next_chunk = kept
+    return answers
 
 
 def _generation_of(response: Any) -> int:
