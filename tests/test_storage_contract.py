@@ -766,6 +766,18 @@ async def test_5xx_is_a_backend_error_after_max_attempts(fake_gcs: Callable[...,
     assert (stats["retries"], stats["errors"], stats["requests"]) == (2, 1, 3)
 
 
+async def test_a_ranged_read_answered_whole_is_an_error_not_the_wrong_bytes(
+    fake_gcs: Callable[..., FakeGcs],
+) -> None:
+    """An endpoint (a proxy in the way) that ignores Range answers 200 with the object from
+    byte 0: those bytes were returned as the bytes at the offset asked for."""
+    server = fake_gcs([(200, {"whole": "object from byte 0"})])
+    gcs = connect_fake(fake_gcs, server)
+    with pytest.raises(BackendError, match="the range was ignored"):
+        await gcs.read("obj", generation=1, offset=5, length=8)
+    assert len(await gcs.read("obj", generation=1, offset=0, length=8)) == 8  # from 0: fine
+
+
 async def test_5xx_on_media_reads_and_uploads(fake_gcs: Callable[..., FakeGcs]) -> None:
     server = fake_gcs([error(500)])
     gcs = connect_fake(fake_gcs, server)

@@ -23,6 +23,7 @@ import requests
 import urllib3
 from google.api_core import exceptions as api_exceptions
 
+from tierfs.errors import BackendError
 from tierfs.storage import Into, nothing_to_read
 
 if TYPE_CHECKING:  # a part of GcsBucket, sharing its state
@@ -79,6 +80,13 @@ class _Reads(_Base):
                 if response.status_code >= 400:
                     _ = response.content
                     raise api_exceptions.from_http_response(response)
+                if offset and response.status_code != 206:
+                    # The range was not honoured (a proxy in the way): the body starts at
+                    # byte 0, and was taken for the bytes at ``offset``.
+                    raise BackendError(
+                        f"gs://{self.name}/{name}: HTTP {response.status_code} to a read "
+                        f"from byte {offset}: the range was ignored"
+                    )
                 declared = response.headers.get("Content-Length")
                 if declared is None:  # no length announced (chunked): as it comes, raw
                     chunked: bytes = response.raw.read(length, decode_content=False)
