@@ -172,9 +172,9 @@ def test_a_mount_whose_daemon_does_not_answer_is_never_waited_for(
 ) -> None:
     """A daemon stopped (or deadlocked): ``tierfs mount`` and ``tierfs unmount`` each began
     with a statvfs of the mountpoint, which waited for it for ever, and ``tierfs sync``
-    waited for its answer for ever. Now a mount there is refused as busy, sync and stats
-    say it does not answer, and unmount takes it off lazily, each in one line and in
-    seconds; a new mount then works."""
+    (and ``tierfs prefetch``) waited for its answer for ever. Now a mount there is refused
+    as busy, sync, stats and prefetch say it does not answer, and unmount takes it off
+    lazily, each in one line and in seconds; a new mount then works."""
     mount = mount_factory()
     (pid,) = mount.pids()
     os.kill(pid, signal.SIGSTOP)
@@ -183,7 +183,7 @@ def test_a_mount_whose_daemon_does_not_answer_is_never_waited_for(
         result = subprocess.run(again, capture_output=True, text=True, timeout=60)
         assert result.returncode != 0
         assert "does not answer" in one_line_error(result)
-        for command in ("sync", "stats"):  # (sync waited for ever)
+        for command in ("sync", "stats", "prefetch"):  # (sync and prefetch waited for ever)
             result = subprocess.run(
                 [TIERFS, command, str(mount.path)], capture_output=True, text=True, timeout=60
             )

@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tierfs.cli.control import request_statistics
-from tierfs.cli.mountpoint import MountError, mounts
+from tierfs.cli.mountpoint import HUNG, MountError, canonical, mounts, probe
 
 CHUNK_BYTES = 4 << 20
 WORKERS = 4
@@ -117,6 +117,12 @@ def prefetch(argv: list[str]) -> int:
     paths = [Path(a) for a in argv]
     mountpoints = set()
     for path in paths:
+        holder = tierfs_mount_holding(canonical(str(path)))
+        if holder is not None and probe(holder) == HUNG:  # (exists() would wait for ever)
+            print(
+                f"tierfs: prefetch {path}: the daemon of {holder} does not answer", file=sys.stderr
+            )
+            return 1
         if not path.exists():
             print(f"tierfs: {path}: no such file or directory", file=sys.stderr)
             return 1
