@@ -648,3 +648,23 @@ async def test_a_damaged_copy_replaced_by_a_good_one_meanwhile_is_not_deleted(
     assert await b.get(key) == block(4)
     path.write_bytes(bytes(damaged))  # damaged, and nobody replaces it: deleted
     assert await b.get(key) is None and not path.exists()
+
+
+def test_a_claim_on_a_file_system_without_hard_links_is_made_whole_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``link`` is refused (EPERM: some FUSE and SMB shares), the marker is made with
+    O_EXCL and written; a live one is still another node's, an expired one taken over."""
+    marker = tmp_path / "top" / "ab" / f"abc.7.65536.0{fmt.MARKER_SUFFIX}"
+    (tmp_path / "top").mkdir()
+
+    def no_links(source: object, target: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(fmt.os, "link", no_links)
+    assert fmt.create_marker(marker, tmp_path / "top", 100.0, 1.0)
+    assert float(marker.read_text()) == 100.0
+    assert not fmt.create_marker(marker, tmp_path / "top", 100.0, 2.0)
+    assert fmt.create_marker(marker, tmp_path / "top", 200.0, 150.0)
+    assert float(marker.read_text()) == 200.0
+    assert [p.name for p in marker.parent.iterdir()] == [marker.name]  # no temporaries

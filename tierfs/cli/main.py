@@ -21,7 +21,7 @@ from mount_options.docs import help_text
 from mount_options.target import parse_target
 from tierfs import __version__
 from tierfs.cli import daemon
-from tierfs.cli.mountpoint import HUNG, MountError, canonical, mounted_here, probe
+from tierfs.cli.mountpoint import MountError, canonical, mounted_here
 
 PROG = "tierfs"
 MOUNT_EXTRAS = {
@@ -169,13 +169,13 @@ def _sync(argv: list[str]) -> int:
     """Exit 0 once every file closed (or written) at or below PATH (a tierfs mountpoint or a
     path inside one) is in GCS; else 1 and the first error, one line."""
     from tierfs.cli.control import request
-    from tierfs.cli.prefetch import tierfs_mount_holding, tierfs_mount_of
+    from tierfs.cli.prefetch import hung_mount_holding, tierfs_mount_of
 
     if len(argv) != 1 or argv[0].startswith("-"):
         raise UsageError("usage: tierfs sync PATH")
     target = canonical(argv[0])
-    holder = tierfs_mount_holding(target)
-    if holder is not None and probe(holder) == HUNG:  # (its answer would never come)
+    holder = hung_mount_holding(target)  # (its answer would never come)
+    if holder is not None:
         print(f"{PROG}: sync {argv[0]}: the daemon of {holder} does not answer", file=sys.stderr)
         return 1
     if mounted_here(target) is not None:  # a mountpoint: never looked up (it may hang)

@@ -36,6 +36,14 @@ def tierfs_mount_of(path: Path) -> str | None:
     return tierfs_mount_holding(str(path.resolve()))
 
 
+def hung_mount_holding(target: str) -> str | None:
+    """The tierfs mountpoint holding ``target`` (by name) if its daemon does not answer
+    (`probe`, 5 s): what `tierfs sync` and `prefetch` check before they look anything up
+    inside it, which would wait for ever."""
+    holder = tierfs_mount_holding(target)
+    return holder if holder is not None and probe(holder) == HUNG else None
+
+
 def tierfs_mount_holding(target: str) -> str | None:
     """The tierfs mountpoint that is ``target`` or above it, by name alone (nothing is
     looked up: ``target`` may be in a mount that does not answer)."""
@@ -117,8 +125,8 @@ def prefetch(argv: list[str]) -> int:
     paths = [Path(a) for a in argv]
     mountpoints = set()
     for path in paths:
-        holder = tierfs_mount_holding(canonical(str(path)))
-        if holder is not None and probe(holder) == HUNG:  # (exists() would wait for ever)
+        holder = hung_mount_holding(canonical(str(path)))  # (exists() would wait for ever)
+        if holder is not None:
             print(
                 f"tierfs: prefetch {path}: the daemon of {holder} does not answer", file=sys.stderr
             )
