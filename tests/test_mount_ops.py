@@ -608,6 +608,21 @@ def test_mtime_survives_remount(mount_factory: MountFactory, gcs_client: storage
 # --- open files and other clients ---------------------------------------------------------------
 
 
+def test_unlink_of_a_file_another_client_replaced_removes_the_name(
+    area: Area, gcs_client: storage.Client
+) -> None:
+    """The mount knows f at one generation, another client writes it again, then ``rm f``
+    here: the name goes, as gcsfuse's unlink deletes the live object. (Each delete names
+    a generation, so the first fails its precondition; the generation there now goes.)"""
+    path = area.path / "f"
+    path.write_bytes(b"mine")
+    assert path.read_bytes() == b"mine"
+    gcs_client.bucket(area.bucket).blob(area.obj("f")).upload_from_string(b"theirs")
+    os.unlink(path)
+    assert not exists(gcs_client, area.bucket, area.obj("f"))
+    raises_errno(errno.ENOENT, os.stat, path)
+
+
 def test_unlink_while_open(area: Area, gcs_client: storage.Client) -> None:
     data = random_bytes(9, 200_000)
     path = area.path / "u"

@@ -188,6 +188,28 @@ async def delete_one(bucket: Bucket, delete: Delete) -> None:
         pass
 
 
+REPLACED_TRIES = 3  # deletes of a name other clients keep replacing, before giving up
+
+
+async def delete_named(bucket: Bucket, name: str, generation: int | None) -> None:
+    """Delete what ``name`` holds: ``generation`` (what this mount knows of it; None: not
+    known, asked first), or, where another client replaced it since, the generation there
+    now: an unlink removes the name, as gcsfuse's does, whatever wrote it last. Every
+    request names its generation, so a retry after a lost answer never deletes an object
+    someone made after this delete (`GcsBucket.delete`). Gone already: done."""
+    for _ in range(REPLACED_TRIES):
+        try:
+            if generation is None:
+                generation = (await bucket.stat(name)).generation
+            await bucket.delete(name, if_generation_match=generation)
+            return
+        except NotFound:
+            return
+        except PreconditionFailed:
+            generation = None  # replaced before this delete reached it: that one goes
+    raise PreconditionFailed(f"gs://{name}: replaced {REPLACED_TRIES} times while deleted")
+
+
 async def recover_deletes(
     bucket: Bucket, records: DeleteRecords, held: frozenset[str] = frozenset()
 ) -> list[Delete]:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from tierfs.core.deletes import delete_named
 from tierfs.core.handles import DirHandle
 from tierfs.core.inodes import Inode, Kind
 from tierfs.core.namespace import DirListing, Found
 from tierfs.core.prefill import MAX_ENTRIES as PREFILL_MAX_ENTRIES
 from tierfs.core.writer import Staged, parse_mtime
-from tierfs.errors import AlreadyExists, NotADirectory, NotEmpty, NotFound, PreconditionFailed
+from tierfs.errors import AlreadyExists, NotADirectory, NotEmpty, PreconditionFailed
 
 if TYPE_CHECKING:  # a part of `Filesystem`: its state is the core's (typed loosely
     # until the parts take collaborators instead of sharing one object)
@@ -312,10 +313,8 @@ class Directories(_Base):
             if in_gcs and self.journal is not None:
                 await self._delete_later(path, self._placeholder_generation(inode), placeholder)
             elif in_gcs:
-                try:
-                    await self.bucket.delete(placeholder)
-                except NotFound:
-                    pass  # an implicit directory: nothing to delete
+                # (an implicit directory has no placeholder: nothing to delete)
+                await delete_named(self.bucket, placeholder, self._placeholder_generation(inode))
         self._removed(path)
         self.owned.removed(path, is_dir=True)
         self._entries_changed(path)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.core.deletes import Delete, delete_one
+from tierfs.core.deletes import Delete, delete_named, delete_one
 from tierfs.core.inodes import ROOT_INO, Inode, Kind
 from tierfs.core.namespace import (
     SYMLINK_FLAG_KEY,
@@ -111,10 +111,7 @@ class Entries(_Base):
                 if self.journal is not None:
                     await self._delete_later(path, inode.generation)
                 else:
-                    try:
-                        await self.bucket.delete(self.names.file_object(path))
-                    except NotFound:
-                        pass  # already gone: the name is gone either way
+                    await delete_named(self.bucket, self.names.file_object(path), inode.generation)
             inode.unlinked = True
             self._end_stream(inode)
             self._removed(path, below=False)
@@ -160,10 +157,7 @@ class Entries(_Base):
             await trio.to_thread.run_sync(self.journal.deletes.begin, delete)
         except OSError as err:  # a full journal disk: delete now, as without write-back
             log.debug("write-back journal: cannot record a delete (%s): deleting now", err)
-            try:
-                await self.bucket.delete(delete.object)
-            except NotFound:
-                pass
+            await delete_named(self.bucket, delete.object, delete.generation)
             return
         self.pending_deletes.add(delete)
         self.deletes.queue(self._delete_count, delete)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from tierfs.core.deletes import delete_named
 from tierfs.core.dirmove import Move, MoveWaits, Moving
 from tierfs.core.inodes import Inode, Kind
 from tierfs.core.namespace import Found
@@ -112,10 +113,9 @@ class FileRenames(_Base):
             self._end_stream(source)  # its streaming upload named the old object
             if target is not None:
                 if target.generation:
-                    try:
-                        await self.bucket.delete(self.names.file_object(new_path))
-                    except NotFound:
-                        pass
+                    await delete_named(
+                        self.bucket, self.names.file_object(new_path), target.generation
+                    )
                 self._unlink_target(target, new_path)
             self.names.forget(new_path)
             self.inodes.move(source, new_path)

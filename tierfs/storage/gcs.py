@@ -289,14 +289,24 @@ class GcsBucket(_Uploads, _Reads):
         return await self._call(run, f"gs://{self.name}/{prefix}*", abandon=True)
 
     async def delete(self, name: str, *, if_generation_match: int | None = None) -> None:
-        # Retried even without a precondition, as gcsfuse retries every request: a retry
-        # after a lost answer finds nothing (NotFound, which callers take as done).
-        bucket, timeout, retry = self._bucket, self._timeout_s, self._retry
+        # A delete of a named generation is retried: after a lost answer the retry finds
+        # that generation gone (NotFound) or a newer one another client made since (412,
+        # answered as NotFound: the generation asked for is not live, and what is there
+        # is not ours to delete). An unconditional delete is sent once, as an
+        # unconditional write: retried after a lost answer, it would delete the object
+        # someone made in between (callers name a generation: `delete_named`).
+        bucket, timeout = self._bucket, self._timeout_s
+        retry, retries = self._counting(self._retry if if_generation_match is not None else None)
 
         def run() -> None:
-            bucket.blob(name).delete(
-                if_generation_match=if_generation_match, retry=retry, timeout=timeout
-            )
+            try:
+                bucket.blob(name).delete(
+                    if_generation_match=if_generation_match, retry=retry, timeout=timeout
+                )
+            except api_exceptions.PreconditionFailed as err:
+                if not retries[0]:
+                    raise
+                raise api_exceptions.NotFound(f"generation {if_generation_match}") from err
 
         await self._call(run, f"gs://{self.name}/{name}", requests=1, deletes=1)
 
