@@ -60,3 +60,22 @@ def _updated_s(text: str | None) -> float:
             return _rfc3339_nanos_to_datetime(text).timestamp()
         except ValueError:
             return 0.0
+
+
+class UploadBlob(storage.Blob):
+    """A blob to upload to, which the library never deletes.
+
+    When a resumable upload's checksum does not match, google-cloud-storage deletes "the
+    corrupted object" with ``self.delete()``: no generation, so whatever is live by then,
+    another client's newer object included, and retried. The generation the session made
+    is ours and is replaced (or kept) by the uploader itself, conditionally on it
+    (`tierfs.storage.gcs_upload`); and on GCS that delete left the upload's own retry,
+    conditional on the deleted generation, failing its precondition."""
+
+    def delete(self, *args: Any, **kwargs: Any) -> None:
+        """Does nothing: see the class. (tierfs's own deletes: `GcsBucket.delete`.)"""
+
+
+def upload_blob(bucket: storage.Bucket, name: str, chunk_size: int) -> UploadBlob:
+    """`UploadBlob` ``name`` of ``bucket``, sent in chunks of ``chunk_size`` bytes."""
+    return UploadBlob(name, bucket=bucket, chunk_size=chunk_size)

@@ -35,7 +35,7 @@ from tierfs.errors import (
     UploadedOtherBytes,
 )
 from tierfs.storage import ObjectInfo, check_name
-from tierfs.storage.gcs_resource import _info
+from tierfs.storage.gcs_resource import _info, upload_blob
 from tierfs.storage.retry import (
     _BoundedRetry,
 )
@@ -215,7 +215,7 @@ class _Uploads(_Base):
     ) -> GcsUpload:
         check_name(name)
         chunk = max(256 << 10, chunk_bytes // (256 << 10) * (256 << 10))  # GCS's unit
-        blob = self._bucket.blob(name, chunk_size=chunk)
+        blob = upload_blob(self._bucket, name, chunk)
         writer = blob.open(
             "wb",
             chunk_size=chunk,
@@ -284,7 +284,7 @@ class _Uploads(_Base):
                         raise
             precondition, session_retry = if_generation_match, retry
             for session in range(2):
-                blob = bucket.blob(name, chunk_size=chunk_bytes)
+                blob = upload_blob(bucket, name, chunk_bytes)
                 blob.metadata = blob_metadata
                 stream.seek(0)
                 try:
@@ -473,7 +473,7 @@ class _Uploads(_Base):
         crc = base64.b64encode(google_crc32c.Checksum(body).digest()).decode("ascii")
 
         def run() -> ObjectInfo:
-            blob = bucket.blob(name, chunk_size=chunk_bytes)
+            blob = upload_blob(bucket, name, chunk_bytes)
             blob.metadata = blob_metadata
             try:
                 blob.upload_from_string(
