@@ -70,6 +70,39 @@ def test_the_last_close_is_the_openers_with_no_dup_left(tmp_path: Path) -> None:
     assert closes.is_last(7, child)  # a handle opened before we knew: publish
 
 
+def test_a_file_opened_by_a_thread_that_has_exited_is_closed_last_by_its_process(
+    tmp_path: Path,
+) -> None:
+    """A worker thread opens and writes, then exits (a pool's idle thread retiring); the
+    main thread's close() is the last one and publishes. (Before, the gone opener read
+    as another process: close() returned at once, the upload went to RELEASE, and its
+    error reached no one.) A read-only handle keeps its thread: it publishes nothing."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    ino = path.stat().st_ino
+    closes = Closes()
+    closes.mnt_id = mount_id(_mount_point_of(tmp_path))
+    workers: list[int] = []
+
+    def open_there() -> None:  # the open request, while its thread lives
+        workers.append(threading.get_native_id())
+        closes.opened(7, workers[0], ino, writable=True)
+
+    worker = threading.Thread(target=open_there)
+    worker.start()
+    worker.join()
+    assert thread_group(workers[0]) is None  # the opener is gone
+    assert closes.is_last(7, threading.get_native_id())
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only sleeps until killed
+        os.execv("/bin/sleep", ["sleep", "30"])
+    try:
+        assert not closes.is_last(7, child)  # still another process's copy
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
 def _mount_point_of(path: Path) -> str:
     path = path.resolve()
     while not os.path.ismount(path):

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -417,6 +418,38 @@ def test_a_create_behind_a_delete_gcs_refuses_fails_in_seconds_then_works(
             time.sleep(0.5)
     assert "error" not in request(str(mount.path), "sync", 60, {"path": ""})
     assert gcs_client.bucket(bucket_name).blob("f").download_as_bytes() == b"new"
+
+
+def test_a_file_opened_by_a_thread_since_exited_reports_its_upload_error_at_close(
+    fault_proxy: FaultProxy,  # (first: it outlives the mount, whose unmount uploads the file)
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """A worker thread opens and writes a file, then exits; the main thread closes it and
+    GCS refuses the upload (403). close() reports EACCES: it waited for the upload. Before,
+    the gone opener read as another process, close() returned 0 at once, and the upload
+    failed at RELEASE, where no one saw it."""
+    mount = mount_factory(fault_proxy.option)
+    mount.expect_errors = True
+    fds: list[int] = []
+
+    def writer() -> None:
+        fds.append(os.open(mount.path / "f.bin", os.O_CREAT | os.O_WRONLY))
+        os.write(fds[0], b"from a worker thread")
+
+    worker = threading.Thread(target=writer)
+    worker.start()
+    worker.join()
+    refused = fault_proxy.faults.add(Rule(Action(status=403), method="POST", target=UPLOADS))
+    with pytest.raises(OSError) as closed:
+        os.close(fds[0])
+    assert closed.value.errno == errno.EACCES and refused.fired >= 1
+    assert gcs_client.bucket(bucket_name).get_blob("f.bin") is None
+    fault_proxy.faults.stop()
+    assert mount.unmount().returncode == 0  # the write still pending goes up now
+    uploaded = gcs_client.bucket(bucket_name).blob("f.bin").download_as_bytes()
+    assert uploaded == b"from a worker thread"
 
 
 # --- a control client that leaves early -------------------------------------------------------

@@ -85,12 +85,18 @@ class Closes:
     """Who opened each file handle, to judge its FLUSHes (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._openers: dict[int, tuple[int, int]] = {}  # fh -> (opening thread, inode)
+        self._openers: dict[int, tuple[int, int]] = {}  # fh -> (opener, inode): see opened
         self._handles: dict[int, set[int]] = {}  # inode -> its open fhs
         self.mnt_id: int | None = None
 
-    def opened(self, fh: int, pid: int, ino: int) -> None:
-        self._openers[fh] = (pid, ino)
+    def opened(self, fh: int, pid: int, ino: int, *, writable: bool = True) -> None:
+        """Handle ``fh`` of inode ``ino`` opened by thread ``pid``. A writable handle's
+        opener is kept as its process (read now, ~15 us): the thread may exit before the
+        close (a worker pool's, a data loader's), and a gone opener compared with the
+        closer read as another process's copy: close() returned before the upload, whose
+        error no one then saw. A read-only handle publishes nothing: its thread will do."""
+        opener = (thread_group(pid) or pid) if writable else pid
+        self._openers[fh] = (opener, ino)
         self._handles.setdefault(ino, set()).add(fh)
 
     def released(self, fh: int) -> None:

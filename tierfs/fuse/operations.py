@@ -417,7 +417,8 @@ class Operations(pyfuse3.Operations):
     @_handler
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         handle = await self.fs.open(inode, flags)
-        self.closes.opened(handle.fh, ctx.pid, inode)
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        self.closes.opened(handle.fh, ctx.pid, inode, writable=writable)
         return file_info(handle)
 
     @_handler
