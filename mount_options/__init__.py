@@ -37,6 +37,7 @@ from mount_options.csi import CsiVolume, parse_volume
 from mount_options.errors import OptionError
 from mount_options.render import render
 from mount_options.schema import INDEX, SCHEMA, Option
+from mount_options.target import check_bucket_name
 from mount_options.tokens import Parsed, parse_option_string
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "OptionError",
     "Parsed",
     "Setting",
+    "check_bucket_name",
     "load",
     "parse_config_file",
     "parse_flags",

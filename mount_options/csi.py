@@ -50,7 +50,8 @@ DRIVER_ATTRIBUTES: Mapping[str, str] = {
 # The driver owns these; a mountOptions entry naming them is dropped with a warning.
 DRIVER_OWNED = frozenset({"log-file", "log-format", "cache-dir", "temp-dir", "config-file",
                           "foreground", "key-file", "token-url", "reuse-token-from-url",
-                          "prometheus-port", "kernel-params-file"})  # fmt: skip
+                          "prometheus-port", "kernel-params-file",
+                          "write-back-dir"})  # fmt: skip  # (tierfs's: the volume's journal)
 # Consumed by the driver, never passed on.
 DRIVER_INTERNAL = frozenset({"token-server-identity-provider", "token-server-identity-pool",
                              "hnw-ksa", "enable-sidecar-bucket-access-check", "file-cache-medium",
@@ -68,20 +69,26 @@ class CsiVolume:
     driver: dict[str, str | bool] = field(default_factory=dict)
 
 
+# The same options by their config paths: a colon form (``gcs-auth:key-file:/x``, whose
+# first word is the section) is dropped too, not only the flag's name.
+OWNED_PATHS = frozenset(INDEX.by_flag[n].path for n in DRIVER_OWNED if n in INDEX.by_flag)
+
+
 def parse_mount_options(options: Iterable[str]) -> Parsed:
     """A PV's ``spec.mountOptions`` list (each item may itself hold commas)."""
     parsed = Parsed()
     for item in options:
         for token in item.split(","):
             name = loosen(token.strip().partition("=")[0].split(":", 1)[0])
-            if name in DRIVER_OWNED:
+            if name in DRIVER_INTERNAL:
+                continue
+            one = Parsed() if name in DRIVER_OWNED else parse_token(token, MOUNT_OPTION)
+            if name in DRIVER_OWNED or any(a.path in OWNED_PATHS for a in one.assignments):
                 parsed.warnings.append(
                     f"mount option '{token.strip()}' is set by the CSI driver; ignored"
                 )
                 continue
-            if name in DRIVER_INTERNAL:
-                continue
-            parsed.extend(parse_token(token, MOUNT_OPTION))
+            parsed.extend(one)
     return parsed
 
 

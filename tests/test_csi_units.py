@@ -26,6 +26,7 @@ from tierfs.csi.volume import (
     key_from_secrets,
     load,
     mount_option_text,
+    plan,
 )
 
 TARGET = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/v/mount"
@@ -51,6 +52,45 @@ def test_bucket_from_handle_or_bucket_name() -> None:
     assert bucket_of(inline) == "data"
     with pytest.raises(BadRequest, match="bucketName"):
         bucket_of(Request("csi-123", TARGET, context=(("csi.storage.k8s.io/ephemeral", "true"),)))
+
+
+@pytest.mark.parametrize(
+    "bucket", ["--csi-volume-attributes=@/etc/shadow", "-o", "Bad_Bucket", "a/b", "x"]
+)
+def test_a_bucket_name_that_is_no_bucket_name_is_refused_before_any_argv(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inline volume's ``bucketName`` is the pod author's: one that reads as a flag made
+    the plugin (root) read any file it named (``@path``) while planning the mount."""
+
+    def no_reading(*args: object, **kwargs: object) -> str:
+        raise AssertionError("the plugin read a file the volume named")
+
+    monkeypatch.setattr(Path, "read_text", no_reading)
+    inline = Request("csi-1", TARGET, context=(("bucketName", bucket),))
+    with pytest.raises(BadRequest, match="bad bucket name"):
+        plan(inline, LAYOUT, key_file=False)
+    with pytest.raises(BadRequest, match="bad bucket name"):
+        bucket_of(Request(f"{bucket}:pv", TARGET))
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["gcs-auth:key-file:/var/lib/tierfs-csi/volumes/other/key.json", "key_file=/k",
+     "metrics:prometheus-port:80", "logging:file-path:/etc/cron.d/x", "cache-dir:/etc",
+     "write:write-back-dir:/etc"],
+)  # fmt: skip
+def test_what_the_driver_owns_cannot_be_set_in_any_form(token: str) -> None:
+    """The colon forms too: only the word before the first colon was looked at, so another
+    volume's key file, a metrics port or a log file path came through."""
+    request = Request("b-bucket", TARGET, mount_flags=(f"implicit-dirs,{token}",))
+    config = load(daemon_args(request, LAYOUT, key_file=False, metrics_port=9100))
+    assert config["gcs-auth:key-file"] == ""
+    assert config["metrics:prometheus-port"] == 9100
+    assert config["logging:file-path"] == "/dev/fd/2"
+    assert config["write:write-back-dir"] in ("", str(LAYOUT.write_back_dir))
+    assert config["implicit-dirs"] is True
+    assert any("set by the CSI driver" in w for w in config.warnings), config.warnings
 
 
 def test_checkpointing_line_as_one_element_or_many_gives_one_config() -> None:

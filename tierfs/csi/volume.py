@@ -100,14 +100,22 @@ class Layout:
 
 
 def bucket_of(request: Request) -> str:
+    """The volume's bucket, checked as a bucket name: it goes into the daemon's argv, where
+    a "bucket" that reads as a flag (an inline volume's ``bucketName`` is the pod author's
+    to write) would be taken as one, by the plugin itself (root) first."""
     attributes = request.attributes
     if attributes.get("bucketName"):
-        return attributes["bucketName"]
-    if attributes.get(EPHEMERAL) == "true":
+        bucket = attributes["bucketName"]
+    elif attributes.get(EPHEMERAL) == "true":
         raise BadRequest("an inline volume needs the volume attribute 'bucketName'")
-    bucket = request.volume_id.partition(":")[0]
-    if not bucket:
-        raise BadRequest(f"volume handle '{request.volume_id}' names no bucket")
+    else:
+        bucket = request.volume_id.partition(":")[0]
+        if not bucket:
+            raise BadRequest(f"volume handle '{request.volume_id}' names no bucket")
+    try:
+        mount_options.check_bucket_name(bucket)
+    except OptionError as err:
+        raise BadRequest(str(err)) from None
     return bucket
 
 
