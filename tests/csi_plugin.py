@@ -108,10 +108,12 @@ class Plugin:
         secrets: dict[str, str] | None = None,
         emulator_flags: Sequence[str] = ("anonymous-access",),
         endpoint: str = "",
+        mount_group: str = "",
     ) -> csi_pb2.NodePublishVolumeRequest:
         endpoint = endpoint or self.emulator.endpoint
         mount = csi_pb2.VolumeCapability.MountVolume(
-            mount_flags=[*flags, f"custom-endpoint={endpoint}", *emulator_flags]
+            mount_flags=[*flags, f"custom-endpoint={endpoint}", *emulator_flags],
+            volume_mount_group=mount_group,
         )
         capability = csi_pb2.VolumeCapability(
             mount=mount, access_mode=csi_pb2.VolumeCapability.AccessMode(mode=MULTI_WRITER)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,6 +126,35 @@ def test_inline_volume_joined_line_read_only(
         (target / "new.txt").write_bytes(b"no")
     plugin.unpublish("csi-0123abcd", target)
     assert not target.exists()
+
+
+def test_a_pod_running_as_another_user_in_its_fs_group_reads_and_writes(
+    plugin: Plugin, bucket_name: str, gcs_client: storage.Client
+) -> None:
+    """A pod with ``runAsUser: 1000`` and ``fsGroup: 3000`` (the kubelet passes the group as
+    the volume mount group). Before, the mount had no allow_other: the kernel let only
+    root (the plugin, which mounted it) in, and the pod's every access was EACCES. (The
+    pod's user reaches the target through a descriptor, as the test's own directories
+    above it are root's alone.)"""
+    gcs_client.bucket(bucket_name).blob("data.txt").upload_from_string(b"dataset")
+    target = plugin.target(volume="nonroot")
+    plugin.publish(bucket_name, target, [CHECKPOINTING], mount_group="3000")
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        here = f"/proc/self/fd/{fd}"
+        result = subprocess.run(
+            ["/bin/sh", "-c", f"cat {here}/data.txt && printf mine > {here}/new.txt"],
+            pass_fds=(fd,),
+            user=1000,
+            group=3000,
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        os.close(fd)
+    assert result.returncode == 0 and result.stdout == b"dataset", result.stderr
+    assert gcs_client.bucket(bucket_name).blob("new.txt").download_as_bytes() == b"mine"
+    plugin.unpublish(bucket_name, target)
 
 
 def test_bad_requests(plugin: Plugin, bucket_name: str, tmp_path: Path) -> None:

@@ -118,6 +118,7 @@ def test_attributes_readonly_and_fs_group() -> None:
     config = load(daemon_args(request, LAYOUT, key_file=True, metrics_port=9100))
     assert config["file-cache:max-size-mb"] == 2048
     assert "ro" in config.fuse_options
+    assert {"allow_other", "nodev", "nosuid"} <= set(config.fuse_options)  # any pod user
     assert (config["file-system:gid"], config["file-system:file-mode"]) == (3000, 0o664)
     assert config["gcs-auth:key-file"] == str(LAYOUT.key_file)
     assert config["metrics:prometheus-port"] == 9100

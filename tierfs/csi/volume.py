@@ -99,6 +99,9 @@ class Layout:
         return self.root / KEY_FILE_NAME
 
 
+KERNEL_OPTIONS = "allow_other,nodev,nosuid"  # every CSI mount's (default_permissions: pyfuse3's)
+
+
 def bucket_of(request: Request) -> str:
     """The volume's bucket, checked as a bucket name: it goes into the daemon's argv, where
     a "bucket" that reads as a flag (an inline volume's ``bucketName`` is the pod author's
@@ -151,6 +154,9 @@ def daemon_args(
     """``tierfs mount ...`` for this volume (without ``--foreground --ready-fd``)."""
     attributes = {**user_attributes(request), "mountOptions": mount_option_text(request)}
     forced = [
+        # As GKE's driver mounts: a pod runs as any user (runAsUser, fsGroup), and the
+        # kernel lets only the mounting user (root, here) in without allow_other.
+        f"-o{KERNEL_OPTIONS}",
         f"--temp-dir={layout.temp_dir}",
         "--log-file=/dev/fd/2",
         "--log-format=json",
