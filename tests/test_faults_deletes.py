@@ -10,13 +10,11 @@ generation the mount deleted finds a newer one and leaves it.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
@@ -78,31 +76,19 @@ def test_an_unlink_whose_answer_is_lost_leaves_what_another_client_wrote_since(
     assert blob.exists() and blob.download_as_bytes() == b"new", deletes
 
 
-def test_a_rename_over_a_file_whose_delete_answer_is_lost_leaves_what_came_since(
+def test_an_rmdir_whose_answer_is_lost_leaves_the_placeholder_another_client_made_since(
     mount_factory: MountFactory,
     fault_proxy: FaultProxy,
     gcs_client: storage.Client,
     bucket_name: str,
 ) -> None:
-    """A new file renamed over an existing one before its first upload (the target's
-    object is deleted, the new file takes the name at its close): the delete's answer is
-    lost and another client writes the target again meanwhile. The retry leaves that
-    object, and the renamed file's close meets it: ESTALE, as for any file another client
-    replaced under a writer; the other client's bytes stay."""
-    target = gcs_client.bucket(bucket_name).blob("t.bin")
-    target.upload_from_string(b"old")
+    """``rmdir d`` (no write-back): the delete of its placeholder ``d/`` went through, the
+    answer was lost, another client made ``d/`` again; the retry leaves it."""
     mount = mount_factory(fault_proxy.option, TIMEOUT)
-    mount.expect_errors = True
-    assert (mount.path / "t.bin").read_bytes() == b"old"
-    lost, again = _lose_the_first_delete_then_write(fault_proxy, target, b"other")
-    new = open(mount.path / "new.bin", "wb")
-    try:
-        new.write(b"mine")
-        os.rename(mount.path / "new.bin", mount.path / "t.bin")
-        assert lost.fired == 1 and again.generation > 0, fault_proxy.faults.log
-        assert target.exists() and target.download_as_bytes() == b"other"
-    finally:
-        with pytest.raises(OSError) as closed:
-            new.close()
-    assert closed.value.errno == errno.ESTALE
-    assert target.download_as_bytes() == b"other"
+    os.mkdir(mount.path / "d")
+    placeholder = gcs_client.bucket(bucket_name).blob("d/")
+    assert placeholder.exists()
+    lost, again = _lose_the_first_delete_then_write(fault_proxy, placeholder, b"")
+    os.rmdir(mount.path / "d")
+    assert lost.fired == 1 and again.generation > 0, fault_proxy.faults.log
+    assert placeholder.exists()

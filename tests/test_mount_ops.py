@@ -238,6 +238,28 @@ def test_ls_l_modes_and_owner_from_options(
 # --- rename ---------------------------------------------------------------------------------
 
 
+def test_a_file_renamed_over_another_before_its_first_close_replaces_it_at_the_close(
+    area: Area, gcs_client: storage.Client
+) -> None:
+    """``NamedTemporaryFile(delete=False)``, written, ``os.replace``d over the checkpoint
+    before close: GCS keeps the old checkpoint until the close puts the new one in its
+    place, in one step. Before, the old object was deleted at the rename: until the
+    close no checkpoint at all, and none if the writer died or its upload failed."""
+    area.path.joinpath("ckpt").write_bytes(b"old checkpoint")
+    fd = os.open(area.path / "ckpt.tmp", os.O_CREAT | os.O_WRONLY)
+    try:
+        os.write(fd, b"new checkpoint")
+        os.replace(area.path / "ckpt.tmp", area.path / "ckpt")
+        assert blob_bytes(gcs_client, area.bucket, area.obj("ckpt")) == b"old checkpoint"
+        assert sorted(os.listdir(area.path)) == ["ckpt"]
+        assert os.stat(area.path / "ckpt").st_size == len(b"new checkpoint")
+    finally:
+        os.close(fd)
+    assert blob_bytes(gcs_client, area.bucket, area.obj("ckpt")) == b"new checkpoint"
+    assert area_objects(gcs_client, area) == {"ckpt"}
+    assert (area.path / "ckpt").read_bytes() == b"new checkpoint"
+
+
 def test_mv_file(area: Area, gcs_client: storage.Client) -> None:
     data = random_bytes(3, 50_000)
     mtime_ns = 1_500_000_000_250_000_000
@@ -301,11 +323,16 @@ def test_mv_dir_within_and_beyond_rename_dir_limit(
 
 
 def test_mv_dir_default_limit(area: Area, gcs_client: storage.Client) -> None:
-    """The default rename-dir-limit is 0: a non-empty directory cannot move, an empty one can."""
+    """The default rename-dir-limit is 0: a non-empty directory cannot move, an empty one can.
+    A refused rename over an empty directory leaves that directory (it was removed first)."""
     os.mkdir(area.path / "full")
     (area.path / "full" / "f").write_bytes(b"f")
     raises_errno(errno.EMFILE, os.rename, area.path / "full", area.path / "moved")
     assert area_objects(gcs_client, area) == {"full/", "full/f"}
+    os.mkdir(area.path / "there")
+    raises_errno(errno.EMFILE, os.rename, area.path / "full", area.path / "there")
+    assert area_objects(gcs_client, area) == {"full/", "full/f", "there/"}
+    os.rmdir(area.path / "there")
 
     os.mkdir(area.path / "empty")
     os.rename(area.path / "empty", area.path / "renamed")

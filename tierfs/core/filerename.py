@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from tierfs.core.deletes import delete_named
 from tierfs.core.dirmove import Move, MoveWaits, Moving
 from tierfs.core.inodes import Inode, Kind
 from tierfs.core.namespace import Found
@@ -111,14 +110,18 @@ class FileRenames(_Base):
         staged = source.staged
         if source.local_only:  # a new file still being written (its close uploads it)
             self._end_stream(source)  # its streaming upload named the old object
+            # The target's object stays until the close replaces it, conditionally on its
+            # generation: deleted here, the name held nothing in GCS until then, and a
+            # writer that died (or a close whose upload failed) lost both files.
+            replaces = 0
             if target is not None:
-                if target.generation:
-                    await delete_named(
-                        self.bucket, self.names.file_object(new_path), target.generation
-                    )
+                replaces = target.generation
                 self._unlink_target(target, new_path)
             self.names.forget(new_path)
             self.inodes.move(source, new_path)
+            source.generation = replaces
+            if source.staged is not None:
+                source.staged.base_generation = replaces
             return
         if staged is not None and staged.dirty:
             await self._upload(source, self.names.file_object(source.path))

@@ -152,6 +152,8 @@ class Renames(_Base):
         if target is not None:
             if target.kind is not Kind.DIR:
                 raise NotADirectory(new_path)
+            if self.journal is None:  # a rename refused for its size leaves the target be
+                self._within_rename_limit(source, await self.names.list_below(source.path))
             await self.rmdir_path(target)
         async with contextlib.AsyncExitStack() as held:
             # Files never uploaded move with the directory as local state (their uploads
@@ -339,16 +341,22 @@ class Renames(_Base):
         if records:
             await trio.to_thread.run_sync(rewrite)
 
-    async def _rename_dir_objects(self, source: Inode, new_path: str) -> None:
+    def _within_rename_limit(self, source: Inode, objects: tuple[ObjectInfo, ...]) -> None:
+        """Without write-back, gcsfuse's ``rename-dir-limit``: EMFILE past it."""
         old_prefix = self.names.dir_object(source.path)
-        new_prefix = self.names.dir_object(new_path)
-        objects = await self.names.list_below(source.path)
         descendants = [o for o in objects if o.name != old_prefix]
-        if self.journal is None and len(descendants) > self.settings.rename_dir_limit:
+        if len(descendants) > self.settings.rename_dir_limit:
             raise TooManyObjects(
                 f"{source.path}: {len(descendants)} objects > rename-dir-limit "
                 f"{self.settings.rename_dir_limit}"
             )
+
+    async def _rename_dir_objects(self, source: Inode, new_path: str) -> None:
+        old_prefix = self.names.dir_object(source.path)
+        new_prefix = self.names.dir_object(new_path)
+        objects = await self.names.list_below(source.path)
+        if self.journal is None:
+            self._within_rename_limit(source, objects)
         if not source.local_only and not any(o.name == old_prefix for o in objects):
             # An implicit directory: give the new one a placeholder so it exists either way.
             # (A directory made here has one coming: its journal record moves with it.)
