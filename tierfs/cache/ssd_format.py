@@ -225,7 +225,8 @@ def _apply_drops(drops: list[_Drop]) -> list[tuple[Path, OSError]]:
     return failures
 
 
-def _write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+def write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+    """All of ``data`` at ``offset`` (None: the file position): a short write goes on."""
     view = memoryview(data)
     while view:
         if offset is None:
@@ -270,7 +271,7 @@ def _publish(path: Path, content: bytes) -> None:
     try:
         try:
             os.fchmod(fd, _FILE_MODE)
-            _write_all(fd, content)
+            write_all(fd, content)
         finally:
             os.close(fd)
         os.replace(tmp, path)

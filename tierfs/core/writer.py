@@ -34,6 +34,7 @@ from collections.abc import Mapping
 
 import trio
 
+from tierfs.cache.ssd_format import write_all
 from tierfs.core.writeback import Journal
 from tierfs.errors import UploadedOtherBytes
 from tierfs.storage import Bucket, ObjectInfo
@@ -101,7 +102,8 @@ class Staged:
                 )
                 if not chunk:
                     break
-                await trio.to_thread.run_sync(os.pwrite, staged.fd, chunk, offset)
+                # (every byte: a short pwrite, on a disk filling up, left a hole of zeros)
+                await trio.to_thread.run_sync(write_all, staged.fd, chunk, offset)
                 offset += len(chunk)
             staged.size = offset
         except BaseException:
