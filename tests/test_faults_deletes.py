@@ -92,3 +92,31 @@ def test_an_rmdir_whose_answer_is_lost_leaves_the_placeholder_another_client_mad
     os.rmdir(mount.path / "d")
     assert lost.fired == 1 and again.generation > 0, fault_proxy.faults.log
     assert placeholder.exists()
+
+
+def test_a_rename_whose_source_another_client_wrote_again_succeeds_and_leaves_theirs(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """``mv a b`` (no write-back): the copy to b is made, then another client writes a
+    again before the old a's delete. The rename succeeds and their a stays. Before,
+    rename() said ESTALE though b was made, and the mount still showed a as before."""
+    source = gcs_client.bucket(bucket_name).blob("a.bin")
+    source.upload_from_string(b"mine")
+    mount = mount_factory(fault_proxy.option)
+
+    def write() -> int:
+        source.upload_from_string(b"theirs")
+        return int(source.generation or 0)
+
+    again = fault_proxy.faults.add(
+        _WrittenAgainFirst(write, method="DELETE", target=r"/o/a\.bin(\?|$)")
+    )
+    assert (mount.path / "a.bin").read_bytes() == b"mine"
+    os.rename(mount.path / "a.bin", mount.path / "b.bin")
+    assert again.fired == 1, fault_proxy.faults.log
+    assert gcs_client.bucket(bucket_name).blob("b.bin").download_as_bytes() == b"mine"
+    assert source.download_as_bytes() == b"theirs"
+    assert (mount.path / "b.bin").read_bytes() == b"mine"

@@ -140,6 +140,13 @@ class FileRenames(_Base):
             )
         except NotFound:
             pass
+        except PreconditionFailed:
+            # Another client wrote the old name since: theirs stays (as with write-back).
+            # The rename itself is done, its copy made: no ESTALE for it.
+            log.warning(
+                "rename: gs://%s was written again by another client; left in place",
+                self.names.file_object(source.path),
+            )
         if target is not None:
             self._unlink_target(target, new_path)
         self._removed(source.path)
