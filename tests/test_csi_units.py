@@ -93,6 +93,15 @@ def test_what_the_driver_owns_cannot_be_set_in_any_form(token: str) -> None:
     assert any("set by the CSI driver" in w for w in config.warnings), config.warnings
 
 
+def test_gke_attributes_this_driver_ignores_are_warned_about() -> None:
+    attributes = (("hostNetworkPodKSA", "true"), ("identityPool", "p"), ("disableMetrics", "1"))
+    planned = plan(Request("b-bucket", TARGET, context=attributes), LAYOUT, key_file=False)
+    assert [w for w in planned.warnings if "without effect" in w] == [
+        "volume attribute 'hostNetworkPodKSA' is accepted without effect by this driver",
+        "volume attribute 'identityPool' is accepted without effect by this driver",
+    ]
+
+
 def test_checkpointing_line_as_one_element_or_many_gives_one_config() -> None:
     joined = Request("b-bucket", TARGET, mount_flags=(CHECKPOINTING,))
     listed = Request("b-bucket", TARGET, mount_flags=tuple(CHECKPOINTING.split(",")))

@@ -204,8 +204,22 @@ def plan(request: Request, layout: Layout, *, key_file: bool, metrics_port: int 
         bucket=config.bucket,
         connection=dict(settings.gcs_connection(config)),
         check_bucket=driver.get("skipCSIBucketAccessCheck") is not True,
-        warnings=tuple(config.warnings),
+        warnings=(*config.warnings, *_without_effect(driver)),
     )
+
+
+USED_DRIVER_ATTRIBUTES = frozenset({"skipCSIBucketAccessCheck", "disableMetrics"})
+
+
+def _without_effect(driver: Mapping[str, str | bool]) -> list[str]:
+    """A warning for each GKE driver attribute given that this plugin reads and ignores
+    (per-pod identity, sidecar and shared-mount settings: docs/kubernetes.md): a PV that
+    asks for the pod's own identity gets the node's, which its log says at each mount."""
+    return [
+        f"volume attribute '{name}' is accepted without effect by this driver"
+        for name in sorted(driver)
+        if name not in USED_DRIVER_ATTRIBUTES
+    ]
 
 
 def fingerprint(request: Request) -> str:
