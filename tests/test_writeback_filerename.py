@@ -21,6 +21,7 @@ from tests.test_writeback import Crash, CrashingBucket, DeletesRefused, settle, 
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
+from tierfs.core.uploads import LARGE_UPLOAD_BYTES, LARGE_UPLOADS
 from tierfs.core.writeback import Journal
 from tierfs.errors import AccessDenied, BackendError, NotFound, PreconditionFailed
 from tierfs.storage.memory import MemoryBucket
@@ -481,8 +482,10 @@ class _HeldBeforeReading(GatedBucket):
     def __init__(self, *held: str) -> None:
         super().__init__(*held)
         self.made: list[bytes] = []  # each upload's bytes, in order
+        self.started: list[str] = []  # each upload's object, as it began
 
     async def write_file(self, name: str, path: str, **kwargs: Any) -> Any:
+        self.started.append(name)
         await self._wait("write_file")
         info = await MemoryBucket.write_file(self, name, path, **kwargs)
         self.made.append(self.get(name))
@@ -519,3 +522,32 @@ async def test_a_file_opened_for_writing_during_its_upload_never_goes_up_torn(
     await settle(fs)
     await fs.sync_all()
     assert bucket.made == [b"first", b"second"]  # never b"sec": each upload a closed file
+
+
+async def test_a_large_file_opened_while_it_waits_for_an_upload_slot_never_goes_up_torn(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """Five large files saved: four uploads take the slots (held), the fifth waits for one.
+    Meanwhile the fifth is opened with O_TRUNC and half written. Its upload, let through
+    when a slot freed, did not look at the open again and published the half file."""
+    bucket = _HeldBeforeReading("write_file")
+    fs = make_fs(bucket)
+    size = LARGE_UPLOAD_BYTES + 1
+    inos = [await write_new(fs, f"f{i}", bytes([i]) * size) for i in range(LARGE_UPLOADS + 1)]
+    nursery.start_soon(fs.run_uploads, LARGE_UPLOADS + 2)
+    with trio.fail_after(60):
+        await bucket.entered.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        sending = set(bucket.started)  # four, held; the fifth waits for a slot
+        (waiting,) = [i for i in range(len(inos)) if f"f{i}" not in sending]
+        handle = await fs.open(inos[waiting], os.O_WRONLY | os.O_TRUNC)
+        await fs.write(handle.fh, 0, b"half")
+        bucket.gate.set()
+        await settle(fs)  # the four sent, and the fifth's turn come (still open: skipped)
+        await fs.write(handle.fh, 4, b" and the rest")
+        await fs.release(handle.fh)
+        await settle(fs)
+        await fs.sync_all()
+    assert len(sending) == LARGE_UPLOADS
+    assert b"half" not in bucket.made
+    assert bucket.get(f"f{waiting}") == b"half and the rest"

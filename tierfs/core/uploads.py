@@ -211,7 +211,13 @@ class Uploads(_Base):
         large = staged is not None and staged.size > LARGE_UPLOAD_BYTES
         try:
             async with self._large_uploads if large else contextlib.nullcontext():
-                await self._sync(inode)
+                async with self._lock(inode):
+                    # Checked again with the lock held (an open waits for it from here):
+                    # opened while it waited for a slot or the lock, a file being
+                    # rewritten would be published half done.
+                    if inode.open_handles:
+                        return True
+                    await self._sync_locked(inode)
         except PreconditionFailed:
             log.error(
                 "write-back: gs://%s was changed by another client; this mount's version "
