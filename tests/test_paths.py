@@ -75,9 +75,11 @@ FORMS = [
     ),
     pytest.param(
         [TIERFS, "mount", "--csi-volume-attributes",
-         '{"mountOptions": "file-system:temp-dir:tmp,workload-insight:output-file:wi.json"}',
+         '{"mountOptions": "file-cache:shared-cache-dir:share,'
+         'workload-insight:output-file:wi.json"}',
          "bkt", "mnt"],
-        {"file-system:temp-dir": "tmp", "workload-insight:output-file": "wi.json"},
+        # (not temp-dir: the CSI driver owns it, in its colon form too)
+        {"file-cache:shared-cache-dir": "share", "workload-insight:output-file": "wi.json"},
         id="csi-attributes",
     ),
 ]  # fmt: skip
