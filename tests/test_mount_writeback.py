@@ -544,6 +544,34 @@ def test_orbax_save_renames_its_tmp_step_at_the_defaults(
     assert stats(mount)["writeback"]["failed"] == 0
 
 
+@pytest.mark.parametrize("options", [(), ("--stat-cache-ttl=0",)])
+def test_a_step_renamed_over_an_empty_directory_in_gcs_is_seen_and_kept(
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    options: tuple[str, ...],
+) -> None:
+    """``step_100/`` is in GCS and empty (another client made it); a write-back save writes
+    its tmp step and renames it over it (implicit dirs off, gcsfuse's default). Before, the
+    old placeholder's delete was journaled under the very name the step moved to: the step
+    was hidden until it ran, and with no generation known (no metadata cache) it deleted
+    the copied placeholder: the checkpoint invisible to every client."""
+    gcs_client.bucket(bucket_name).blob("step_100/").upload_from_string(b"")
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}", *options)
+    assert os.listdir(mount.path / "step_100") == []
+    tmp = mount.path / "step_100.tmp"
+    tmp.mkdir()
+    (tmp / "shard").write_bytes(b"s" * 1000)
+    os.rename(tmp, mount.path / "step_100")
+    assert os.listdir(mount.path / "step_100") == ["shard"]
+    assert sorted(os.listdir(mount.path)) == ["step_100"]
+    assert tierfs_sync(mount).returncode == 0
+    assert sorted(objects(gcs_client, bucket_name)) == ["step_100/", "step_100/shard"]
+    again = mount_factory(name="again")
+    assert (again.path / "step_100" / "shard").read_bytes() == b"s" * 1000
+
+
 @contextlib.contextmanager
 def over_a_slow_link(
     emulator: Emulator,

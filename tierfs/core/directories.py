@@ -265,11 +265,14 @@ class Directories(_Base):
         self._queue_if_closed(inode)
         return inode
 
-    async def rmdir(self, parent_ino: int, name: str) -> None:
+    async def rmdir(self, parent_ino: int, name: str, *, now: bool = False) -> None:
         """rmdir. With write-back it asks GCS nothing when the mount knows the directory is
         empty (made here, or listed here within the metadata TTL and emptied since: the
         listing ``rm -rf`` has just made) and its placeholder's delete is journaled and run
-        in the background, as a file's unlink is (`tierfs.core.deletes`)."""
+        in the background, as a file's unlink is (`tierfs.core.deletes`). ``now``: deleted
+        before this returns, write-back or not (a directory a rename replaces: a delete
+        still pending under the name hid the directory moved there, and one that named no
+        generation deleted its new placeholder)."""
         # (Not for the deletes below it: `rm -rf` removes a directory right after its files.)
         path = self.names.child_path(self._dir(parent_ino).path, name)
         await self._settle(path, deletes=False)
@@ -310,7 +313,7 @@ class Directories(_Base):
                 "made here" if owned is not None else "not made here",
             )
             self._drop_staged(inode)
-            if in_gcs and self.journal is not None:
+            if in_gcs and self.journal is not None and not now:
                 await self._delete_later(path, self._placeholder_generation(inode), placeholder)
             elif in_gcs:
                 # (an implicit directory has no placeholder: nothing to delete)

@@ -154,7 +154,7 @@ class Renames(_Base):
                 raise NotADirectory(new_path)
             if self.journal is None:  # a rename refused for its size leaves the target be
                 self._within_rename_limit(source, await self.names.list_below(source.path))
-            await self.rmdir_path(target)
+            await self.rmdir_path(target, now=True)
         async with contextlib.AsyncExitStack() as held:
             # Files never uploaded move with the directory as local state (their uploads
             # go to the new names); holding their locks keeps a background upload from
@@ -375,11 +375,11 @@ class Renames(_Base):
                 if inode.staged is not None:
                     inode.staged.base_generation = copy.generation
 
-    async def rmdir_path(self, inode: Inode) -> None:
+    async def rmdir_path(self, inode: Inode, *, now: bool = False) -> None:
         parent = self.inodes.current(inode.parent_path)
         if parent is None:
             raise NotFound(inode.parent_path)
-        await self.rmdir(parent.ino, inode.name)
+        await self.rmdir(parent.ino, inode.name, now=now)
 
 
 async def _hold(held: contextlib.AsyncExitStack, lock: trio.Lock) -> None:
