@@ -246,6 +246,7 @@ def test_daemon_restarted_when_killed(
         return bool(pids) and pids != [first] and "restarted the daemon" in plugin.log_text()
 
     wait_until(served_again, "the plugin to restart the daemon")
+    plugin.publish(bucket_name, target)  # the kubelet's republish of it, served again: OK
     (target / "after.txt").write_bytes(b"back")
     assert gcs_client.bucket(bucket_name).blob("after.txt").download_as_bytes() == b"back"
     assert any("exited with status" in line for line in plugin.errors())

@@ -114,3 +114,25 @@ def test_several_unnamed_secrets_are_refused(plugin: Plugin, bucket_name: str) -
     assert "key.json" in caught.value.details()  # type: ignore[attr-defined]
     assert "s3cr3t" not in caught.value.details()  # type: ignore[attr-defined]
     assert list(plugin.state_dir.glob("volumes/*")) == []
+
+
+def test_a_rotated_key_reaches_the_key_file_at_the_next_republish(
+    plugin: Plugin, bucket_name: str, token_uri: str
+) -> None:
+    """The secret is rotated (the old key revoked): the kubelet's next republish brings the
+    new key, which is written for the daemon's next start. Before, the republish answered
+    OK and kept the old key: every restart of the daemon then failed with it."""
+    first, _ = service_account_key(token_uri)
+    second, pem = service_account_key(token_uri)
+    target = plugin.target()
+    plugin.publish(bucket_name, target, [], emulator_flags=(), secrets={"key.json": first})
+    (pid,) = daemon_pids(str(target))
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    (flag,) = [a for a in argv if a.startswith("--key-file=")]
+    key_file = Path(flag.partition("=")[2])
+    plugin.publish(bucket_name, target, [], emulator_flags=(), secrets={"key.json": second})
+    assert key_file.read_text() == second
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert daemon_pids(str(target)) == [pid]  # the mount itself is left alone
+    plugin.unpublish(bucket_name, target)
+    assert pem.splitlines()[1] not in plugin.log_text()

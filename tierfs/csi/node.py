@@ -126,7 +126,13 @@ class Node(csi_pb2_grpc.NodeServicer):
         if known is not None:
             if known.fingerprint != print_:
                 raise Failure(Code.ALREADY_EXISTS, f"{target} is published with other options")
-            return  # the same request again (a dead daemon is being restarted by its watcher)
+            # The same request again: the kubelet's republish, with the secret read anew.
+            # A rotated key is written for the daemon's next start (its watcher restarts
+            # it with the file): kept, the old key, revoked, failed every restart.
+            self._renew_key(known, key_from_secrets(secrets))
+            if known.daemon.restarting():
+                raise Failure(Code.UNAVAILABLE, f"{target}: its daemon is being restarted")
+            return
         directory = paths.volume_dir(self.config.state_dir, wanted.volume_id, target)
         entry = mounted_here(str(target))
         if entry is not None:
@@ -139,6 +145,19 @@ class Node(csi_pb2_grpc.NodeServicer):
                 return  # mounted by an earlier plugin process for this very request
             unmount(str(target), lazy=True)  # its daemon died with that process: mount again
         self._mount(wanted, print_, directory, secrets)
+
+    @staticmethod
+    def _renew_key(known: Published, key: str | None) -> None:
+        if key is None:
+            return
+        path = Layout(paths.private_dir(known.directory)).key_file
+        try:
+            if path.read_text(encoding="utf-8") == key:
+                return
+        except OSError:
+            pass
+        paths.write_private(path, key)
+        log.warning("%s: the volume's key secret changed; the daemon's next start uses it", path)
 
     def _mount(
         self, wanted: Request, print_: str, directory: Path, secrets: dict[str, str]
