@@ -4,6 +4,7 @@ the new plugin recognises each target by its record: a live mount is left alone,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -56,4 +57,38 @@ def test_a_new_plugin_takes_over_its_mounts(
             assert second.fuse_mounts() == []
             assert daemon_pids(str(alive)) == []
     finally:
+        leftovers.stop()
+
+
+def test_a_new_plugin_replaces_a_mount_whose_daemon_hangs(
+    emulator: Emulator, bucket_name: str, gcs_client: storage.Client, tmp_path: Path
+) -> None:
+    """The old plugin went and left a write-back volume's daemon alive but not answering
+    (stopped). The new plugin's republish kills it and mounts again. Before, it was only
+    unmounted: the hung daemon kept its journal's lock, and every new daemon refused it
+    failed the republish."""
+    leftovers, stopped = Plugin(emulator, tmp_path), 0
+    try:
+        with running_plugin(emulator, tmp_path) as first:
+            hung = first.target(volume="hung")
+            first.publish("vol-hung", hung, ["write-back"], attributes={"bucketName": bucket_name})
+            (stopped,) = daemon_pids(str(hung))
+            assert first.process is not None
+            first.process.send_signal(signal.SIGTERM)
+            assert first.process.wait(timeout=30) == 0
+            os.kill(stopped, signal.SIGSTOP)
+            first.fuse_mounts = lambda: []  # type: ignore[method-assign]
+
+        with running_plugin(emulator, tmp_path) as second:
+            second.expect_errors = True  # (the hung daemon killed: an ERROR line)
+            second.publish("vol-hung", hung, ["write-back"], attributes={"bucketName": bucket_name})
+            wait_until(lambda: not Path(f"/proc/{stopped}").exists(), "the hung daemon to go")
+            (hung / "again.txt").write_bytes(b"remounted")
+            second.unpublish("vol-hung", hung)
+            blob = gcs_client.bucket(bucket_name).blob("again.txt")
+            assert blob.download_as_bytes() == b"remounted"
+    finally:
+        if stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGKILL)
         leftovers.stop()

@@ -39,7 +39,7 @@ import grpc
 import trio
 
 from tierfs.cli import control, daemon
-from tierfs.cli.mountpoint import ALIVE, HUNG, MountError, is_stale, mounted_here, probe, unmount
+from tierfs.cli.mountpoint import ALIVE, HUNG, MountError, mounted_here, probe, unmount
 from tierfs.csi import paths
 from tierfs.csi.daemons import Daemon, StartError, is_fuse_mounted
 from tierfs.csi.metrics import VolumeView
@@ -141,8 +141,13 @@ class Node(csi_pb2_grpc.NodeServicer):
                 raise Failure(
                     Code.ALREADY_EXISTS, f"{target} already has another mount ({entry.source})"
                 )
-            if not is_stale(str(target)):
+            state = probe(str(target))
+            if state == ALIVE:
                 return  # mounted by an earlier plugin process for this very request
+            if state == HUNG:
+                # Alive but not answering: killed first, or it keeps its journal's lock and
+                # the new daemon, refused it, fails every republish.
+                self._kill_stuck(wanted.volume_id, target, None, directory)
             unmount(str(target), lazy=True)  # its daemon died with that process: mount again
         self._mount(wanted, print_, directory, secrets)
 
