@@ -191,6 +191,24 @@ async def test_a_crash_before_the_upload_is_finished_by_the_next_mount(
     assert (again.uploaded, again.already_there, again.conflicts) == ([], [], [])
 
 
+async def test_a_file_written_in_place_after_its_close_is_never_uploaded_torn(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
+) -> None:
+    """Closed (committed, not uploaded yet), opened again and half rewritten in place, then
+    kill -9 before the next close. The record still named the closed size, and the next
+    mount uploaded what the file held: half the new bytes on the old, a state nobody ever
+    closed. It is kept aside now, with an error that says so."""
+    fs = make_fs()
+    ino = await write_new(fs, "f", b"the closed version")
+    handle = await fs.open(ino, os.O_RDWR)
+    await fs.write(handle.fh, 0, b"THE NEW")
+    fs.close()  # kill -9 while it is open
+    journal = Journal(tmp_path / "cache", "wb")
+    done = await journal.recover(bucket, trio.to_thread.run_sync)
+    assert bucket.names() == [] and done.uploaded == []
+    assert [p.read_bytes() for p in done.conflicts] == [b"THE NEWsed version"]
+
+
 async def test_a_crash_after_the_upload_uploads_nothing_twice(
     make_fs: Callable[[], Filesystem], bucket: MemoryBucket, tmp_path: Path
 ) -> None:

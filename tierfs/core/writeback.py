@@ -73,7 +73,7 @@ import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,10 @@ class Record:
     metadata: dict[str, str] = field(default_factory=dict)
     content_type: str | None = None
     size: int = -1  # the data file's size when committed (-1: not recorded)
+    # The data file's mtime when committed (0: not recorded): one that differs at recovery
+    # was written again after its close (reopened, or written after an fsync) by a writer
+    # the daemon stopped under: neither version is whole, and none is uploaded.
+    mtime_ns: int = 0
 
 
 @dataclass
@@ -285,6 +289,7 @@ class Journal:
         """Attach the record naming the data file: after this returns, a daemon crash loses
         nothing (the next mount uploads it). ``durable`` (fsync): the data and the record
         reach the disk first, so a machine crash loses nothing either."""
+        record = replace(record, mtime_ns=os.fstat(fd).st_mtime_ns)
         if self.xattrs and self._attach(fd, record):
             if durable:
                 os.fsync(fd)  # the data, its size and the attribute: all of the inode
@@ -421,13 +426,23 @@ class Journal:
                 result.uploaded.append(record.object)
             elif outcome == "already":
                 result.already_there.append(record.object)
+            elif outcome == "changed":
+                kept = await run(self.keep_conflict, record)
+                result.conflicts.append(kept)
+                log.error(
+                    "write-back: gs://%s was written again after its close (opened for "
+                    "writing, or written after an fsync) and the daemon stopped before the "
+                    "next close: it holds neither version whole; kept in %s, not uploaded",
+                    record.object,
+                    kept,
+                )
             elif outcome == "short":
                 kept = await run(self.keep_conflict, record)
                 result.conflicts.append(kept)
                 log.error(
-                    "write-back: gs://%s was closed but not fsync'd when the machine went "
-                    "down, and its data did not all reach the disk; what did is kept in %s, "
-                    "not uploaded",
+                    "write-back: gs://%s does not hold what its close committed (closed but "
+                    "not fsync'd when the machine went down, or resized by a writer the daemon "
+                    "stopped under); what it holds is kept in %s, not uploaded",
                     record.object,
                     kept,
                 )
@@ -451,8 +466,11 @@ class Journal:
         self, bucket: Bucket, run: Callable[..., Awaitable[object]], record: Record
     ) -> str:
         data = self.data_path(record.id)
-        if record.size >= 0 and (await run(os.stat, data)).st_size != record.size:  # type: ignore[attr-defined]
+        status: os.stat_result = await run(os.stat, data)  # type: ignore[assignment]
+        if record.size >= 0 and status.st_size != record.size:
             return "short"
+        if record.mtime_ns and status.st_mtime_ns != record.mtime_ns:
+            return "changed"
         current: ObjectInfo | None
         try:
             current = await bucket.stat(record.object)
