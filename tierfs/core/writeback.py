@@ -131,6 +131,19 @@ def _encode(record: Record) -> bytes:
     return json.dumps(vars(record), sort_keys=True).encode("utf-8")  # (asdict deep-copies)
 
 
+# Why a record's file is kept aside at recovery (`Journal._recover_one`'s outcome).
+_KEPT_BECAUSE = {
+    "changed": "write-back: gs://%s was written again after its close (opened for writing, "
+    "or written after an fsync) and the daemon stopped before the next close: it holds "
+    "neither version whole; kept in %s, not uploaded",
+    "short": "write-back: gs://%s does not hold what its close committed (closed but not "
+    "fsync'd when the machine went down, or resized by a writer the daemon stopped under); "
+    "what it holds is kept in %s, not uploaded",
+    "conflict": "write-back: gs://%s changed in GCS since this file was written; the local "
+    "copy is kept in %s, not uploaded",
+}
+
+
 def _decode(raw: bytes | str) -> Record:
     return Record(**json.loads(raw))
 
@@ -426,35 +439,10 @@ class Journal:
                 result.uploaded.append(record.object)
             elif outcome == "already":
                 result.already_there.append(record.object)
-            elif outcome == "changed":
+            else:  # kept aside for the user, never uploaded
                 kept = await run(self.keep_conflict, record)
                 result.conflicts.append(kept)
-                log.error(
-                    "write-back: gs://%s was written again after its close (opened for "
-                    "writing, or written after an fsync) and the daemon stopped before the "
-                    "next close: it holds neither version whole; kept in %s, not uploaded",
-                    record.object,
-                    kept,
-                )
-            elif outcome == "short":
-                kept = await run(self.keep_conflict, record)
-                result.conflicts.append(kept)
-                log.error(
-                    "write-back: gs://%s does not hold what its close committed (closed but "
-                    "not fsync'd when the machine went down, or resized by a writer the daemon "
-                    "stopped under); what it holds is kept in %s, not uploaded",
-                    record.object,
-                    kept,
-                )
-            else:
-                kept = await run(self.keep_conflict, record)
-                result.conflicts.append(kept)
-                log.error(
-                    "write-back: gs://%s changed in GCS since this file was written; "
-                    "the local copy is kept in %s, not uploaded",
-                    record.object,
-                    kept,
-                )
+                log.error(_KEPT_BECAUSE[outcome], record.object, kept)
         # After the uploads: a file committed under a directory's old name moves with it.
         # Not the renames and deletes of a file whose upload failed: they wait with it.
         held = frozenset(name for name, _ in result.failed)
