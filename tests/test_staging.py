@@ -1,13 +1,17 @@
-"""Staged copies of objects (`tierfs.core.writer.Staged.from_object`): a file changed in
-place is staged from its object first, and the copy must hold every byte of it."""
+"""Staged copies of files being written (`tierfs.core.writer.Staged`): a file changed in
+place is staged from its object first, and the copy must hold every byte of it; a write
+that fails drops the changes, and no later write of that handle brings half of them back."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
+from tierfs.core.filesystem import Filesystem, Settings
+from tierfs.core.inodes import ROOT_INO
 from tierfs.core.writer import COPY_CHUNK_BYTES, Staged
 from tierfs.storage.memory import MemoryBucket
 
@@ -37,3 +41,40 @@ async def test_a_short_write_while_staging_goes_on_where_it_stopped(
         assert os.pread(staged.fd, len(data) + 1, 0) == data
     finally:
         staged.close()
+
+
+async def test_writes_after_a_failed_one_was_dropped_fail_until_the_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """O_TRUNC rewrite of a file; one write fails (ENOSPC) and the fsync that follows
+    drops the changes (nothing partial is uploaded). The writer frees space and writes
+    on through the same handle: those writes fail too, until it closes, and GCS keeps
+    the old file. Before, they landed on a fresh copy of the old object and the close
+    uploaded the old bytes with the later writes on top, and returned 0."""
+    bucket = MemoryBucket("staging")
+    bucket.put("f", b"the old file, whole")
+    fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)))
+    try:
+        entry = await fs.lookup(ROOT_INO, "f")
+        handle = await fs.open(entry.ino, os.O_WRONLY | os.O_TRUNC)
+        await fs.write(handle.fh, 0, b"new ")
+        real = os.pwrite
+
+        def full(fd: int, data: bytes, offset: int) -> int:
+            if data == b"no room":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", full)
+        with pytest.raises(OSError) as failed:
+            await fs.write(handle.fh, 4, b"no room")
+        assert failed.value.errno == errno.ENOSPC
+        with pytest.raises(OSError):
+            await fs.fsync(handle.fh)  # the changes are dropped here
+        with pytest.raises(OSError) as later:
+            await fs.write(handle.fh, 4, b"room again")
+        assert later.value.errno == errno.ENOSPC
+        await fs.release(handle.fh)
+        assert bucket.get("f") == b"the old file, whole"
+    finally:
+        fs.close()

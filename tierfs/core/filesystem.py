@@ -22,7 +22,6 @@ uploading, renaming one inode).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import stat
@@ -72,7 +71,6 @@ from tierfs.errors import (
     NotFound,
     PreconditionFailed,
     ReadOnly,
-    Unsupported,
     root_cause,
 )
 from tierfs.storage import Bucket
@@ -431,8 +429,7 @@ class Filesystem(
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         self.write_requests += 1
         handle = self.files[fh]
-        if not handle.writable:
-            raise Unsupported("file not open for writing", errno.EBADF)
+        self._check_writes(handle)
         inode = handle.inode
         if inode.staged is None:
             await self._stage(inode, inode.size)

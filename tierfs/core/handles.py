@@ -26,6 +26,10 @@ class FileHandle:
     direct_io: bool = False
     reader: BlockReader | None = None
     backing_id: int = 0  # FUSE passthrough: the kernel reads the cache file, not us
+    # errno of a local write whose changes were dropped (`_abandon`): later writes through
+    # this handle fail with it, rather than land on a fresh copy of the object as if the
+    # dropped ones had never been made
+    failed: int = 0
 
 
 @dataclass(eq=False)

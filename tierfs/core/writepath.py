@@ -12,6 +12,7 @@ A mixin of `tierfs.core.filesystem.Filesystem`: it shares that class's state.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import mimetypes
@@ -25,7 +26,7 @@ from tierfs.core.handles import FileHandle
 from tierfs.core.inodes import Inode, Kind
 from tierfs.core.writeback import SPARE_FILES, Record
 from tierfs.core.writer import Staged
-from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.errors import NotFound, PreconditionFailed, Unsupported
 from tierfs.storage import ObjectInfo
 
 log = logging.getLogger("tierfs.fs")
@@ -210,12 +211,24 @@ class WritePath(_Base):
             return inode.remote  # renamed: its object is moved once this upload ends
         return self.names.file_object(inode.path)
 
+    @staticmethod
+    def _check_writes(handle: FileHandle) -> None:
+        """A write through ``handle``: EBADF unless it was opened for writing; once its
+        changes were dropped (`_abandon`), the dropped write's errno until it is closed."""
+        if not handle.writable:
+            raise Unsupported("file not open for writing", errno.EBADF)
+        if handle.failed:
+            raise OSError(handle.failed, os.strerror(handle.failed), handle.inode.path)
+
     def _abandon(self, inode: Inode) -> None:
         """A local write failed (ENOSPC...): drop the changes rather than upload a file that
         is not what was written; a new file disappears. Raises that write's error."""
         staged = inode.staged
         assert staged is not None
         code = staged.write_error
+        for handle in self.files.values():
+            if handle.inode is inode and handle.writable:
+                handle.failed = code
         self._drop_staged(inode)
         if inode.generation == 0:
             inode.unlinked = True
