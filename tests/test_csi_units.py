@@ -338,3 +338,29 @@ def test_a_capability_without_an_access_type_is_invalid() -> None:
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
     request.volume_capability.mount.SetInParent()
     assert publish_request(request).volume_id == "v"
+
+
+def test_a_journal_an_unpublish_left_goes_to_the_next_publish_of_that_volume(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+
+    def journal_of(volume_id: str, pod: str, *, published: bool = False) -> Path:
+        directory = paths.volume_dir(state, volume_id, Path(f"/k/pods/{pod}/mount"))
+        data = directory / "write-back" / "tierfs-writeback" / "ab" / "1.data"
+        data.parent.mkdir(parents=True)
+        data.write_bytes(f"{volume_id} {pod}".encode())
+        if published:
+            paths.write_record(directory, {"volume_id": volume_id})
+        return directory
+
+    left = journal_of("pv-1", "old")
+    journal_of("pv-1", "running", published=True)  # another pod's, in use: never taken
+    journal_of("pv-10", "old")  # another volume, whose name starts the same
+    new = paths.private_dir(paths.volume_dir(state, "pv-1", Path("/k/pods/new/mount")))
+    assert paths.adopt_left_journal(state, "pv-1", new) == left
+    assert not left.exists()
+    data = new / "write-back" / "tierfs-writeback" / "ab" / "1.data"
+    assert data.read_bytes() == b"pv-1 old"
+    assert paths.adopt_left_journal(state, "pv-1", new) is None  # it has a journal now
+    assert len(list((state / "volumes").iterdir())) == 3

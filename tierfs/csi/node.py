@@ -179,6 +179,15 @@ class Node(csi_pb2_grpc.NodeServicer):
             if daemon_plan.check_bucket:
                 check_bucket(daemon_plan.bucket, daemon_plan.connection)
             Path(wanted.target).mkdir(mode=0o750, parents=True, exist_ok=True)
+            if any(a.startswith("--write-back-dir=") for a in daemon_plan.args):
+                left = paths.adopt_left_journal(self.config.state_dir, wanted.volume_id, directory)
+                if left is not None:
+                    log.warning(
+                        "volume %s: the write-back data an unpublish left in %s (not in GCS "
+                        "yet) is uploaded by this mount's daemon",
+                        wanted.volume_id,
+                        left,
+                    )
             record = {"fingerprint": print_, "volume_id": wanted.volume_id, "target": wanted.target}
             paths.write_record(directory, record)
             volume = Daemon(wanted.volume_id, daemon_plan.args, self.config.start_timeout_s)

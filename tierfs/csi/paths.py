@@ -57,10 +57,34 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def _safe(volume_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", volume_id)[:64] or "volume"
+
+
 def volume_dir(state_dir: Path, volume_id: str, target: Path) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", volume_id)[:64] or "volume"
     digest = hashlib.sha256(str(target).encode()).hexdigest()[:16]
-    return state_dir / "volumes" / f"{safe}-{digest}"
+    return state_dir / "volumes" / f"{_safe(volume_id)}-{digest}"
+
+
+def adopt_left_journal(state_dir: Path, volume_id: str, directory: Path) -> Path | None:
+    """Give ``directory`` (a volume about to be mounted with write-back, on a new target)
+    the write-back journal an unpublish of the same volume left on another target: data
+    not in GCS yet, which its daemon, dead or stuck, could not upload. A new pod's target
+    is a new directory, where no daemon would ever look for it; here the next daemon's
+    recovery uploads it. Only from a directory with no record (not published) and only
+    into one with no journal yet. The directory it came from, or None."""
+    if (directory / "write-back").exists():
+        return None
+    name = re.compile(re.escape(_safe(volume_id)) + r"-[0-9a-f]{16}")
+    for other in sorted((state_dir / "volumes").glob("*")):
+        if other == directory or not name.fullmatch(other.name) or (other / RECORD).exists():
+            continue
+        if not has_pending_writes(other):
+            continue
+        os.replace(other / "write-back", directory / "write-back")
+        shutil.rmtree(other, ignore_errors=True)
+        return other
+    return None
 
 
 def write_private(path: Path, text: str) -> None:
