@@ -22,7 +22,10 @@ def test_the_meter_adds_the_cpu_of_a_daemon_and_of_the_reader_over_each_block() 
     idle = "import sys; print('ready', flush=True); sys.stdin.read()"
     daemon = subprocess.Popen([sys.executable, "-c", idle],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
-    busy = subprocess.Popen([sys.executable, "-c", _SPIN.format(s=0.3)])
+    # It spins, then stays (killed below): gone before the second block, as on a loaded
+    # machine, its CPU would be unknown there.
+    stay = _SPIN.format(s=0.3) + "import sys; sys.stdin.read()\n"
+    busy = subprocess.Popen([sys.executable, "-c", stay], stdin=subprocess.PIPE)
     try:
         assert daemon.stdout is not None and daemon.stdout.readline() == b"ready\n"
         # (its start-up is over: from here on it spends nothing)
