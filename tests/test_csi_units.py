@@ -364,3 +364,26 @@ def test_a_journal_an_unpublish_left_goes_to_the_next_publish_of_that_volume(
     assert data.read_bytes() == b"pv-1 old"
     assert paths.adopt_left_journal(state, "pv-1", new) is None  # it has a journal now
     assert len(list((state / "volumes").iterdir())) == 3
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "extra", "key_file", "refused"),
+    [
+        ("http://attacker.example:8080", (), False, True),
+        ("https://googleapis.com.attacker.example", (), False, True),
+        ("http://attacker.example:8080", ("anonymous-access",), False, False),
+        ("http://attacker.example:8080", (), True, False),  # the volume's own key goes there
+        ("https://storage-psc.p.googleapis.com", (), False, False),  # Private Service Connect
+    ],
+)
+def test_a_custom_endpoint_never_gets_the_plugins_own_credentials(
+    endpoint: str, extra: tuple[str, ...], key_file: bool, refused: bool
+) -> None:
+    """A volume author could name a host of theirs as the endpoint: with neither a key
+    secret nor anonymous access, the plugin's token went there with every request."""
+    request = Request("b-bucket", TARGET, mount_flags=(f"custom-endpoint={endpoint}", *extra))
+    if refused:
+        with pytest.raises(BadRequest, match="the plugin's own credentials"):
+            plan(request, LAYOUT, key_file=key_file)
+    else:
+        assert plan(request, LAYOUT, key_file=key_file).connection["endpoint"] == endpoint

@@ -31,6 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import mount_options
 from mount_options import Config, OptionError
@@ -199,6 +200,7 @@ def plan(request: Request, layout: Layout, *, key_file: bool, metrics_port: int 
     port = 0 if driver.get("disableMetrics") is True else metrics_port
     args = daemon_args(request, layout, key_file=key_file, metrics_port=port)
     config = load(args)
+    _check_endpoint(config, key_file=key_file)
     return Plan(
         args=args,
         bucket=config.bucket,
@@ -206,6 +208,21 @@ def plan(request: Request, layout: Layout, *, key_file: bool, metrics_port: int 
         check_bucket=driver.get("skipCSIBucketAccessCheck") is not True,
         warnings=(*config.warnings, *_without_effect(driver)),
     )
+
+
+def _check_endpoint(config: Config, *, key_file: bool) -> None:
+    """A custom endpoint is the volume author's to choose; without a key secret of the
+    volume's own, or anonymous access, the plugin's credentials (the node's, or its
+    Workload Identity) would go there with every request: only Google's hosts get them."""
+    endpoint = config["gcs-connection:custom-endpoint"]
+    if not endpoint or key_file or config["gcs-auth:anonymous-access"]:
+        return
+    host = (urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname or "").lower()
+    if host != "googleapis.com" and not host.endswith(".googleapis.com"):
+        raise BadRequest(
+            f"custom-endpoint {endpoint} would be sent the plugin's own credentials: give "
+            "the volume a key secret (nodePublishSecretRef) or anonymous-access"
+        )
 
 
 USED_DRIVER_ATTRIBUTES = frozenset({"skipCSIBucketAccessCheck", "disableMetrics"})
