@@ -551,3 +551,26 @@ async def test_a_large_file_opened_while_it_waits_for_an_upload_slot_never_goes_
     assert len(sending) == LARGE_UPLOADS
     assert b"half" not in bucket.made
     assert bucket.get(f"f{waiting}") == b"half and the rest"
+
+
+async def test_a_name_another_client_writes_while_a_rename_moves_onto_it_stays_theirs(
+    make_fs: Callable[[MemoryBucket], Filesystem], nursery: trio.Nursery
+) -> None:
+    """``mv a b`` with write-back returns at once; the object is moved in the background.
+    Another client writes b before the copy: theirs is newer than the rename and stays,
+    and a stays where it is (our bytes, under the old name). Before, the copy named no
+    precondition and overwrote their b."""
+    bucket = GatedBucket("copy")
+    bucket.put("a", b"mine")
+    bucket.put("b", b"the b the rename replaces")
+    fs = make_fs(bucket)
+    await fs.lookup(ROOT_INO, "a")
+    await fs.lookup(ROOT_INO, "b")
+    await fs.rename(ROOT_INO, "a", ROOT_INO, "b")
+    with trio.fail_after(30):
+        await bucket.entered.wait()
+    bucket.put("b", b"theirs, written after the rename")
+    bucket.gate.set()
+    await settle_moves(fs)
+    assert bucket.get("b") == b"theirs, written after the rename"
+    assert bucket.get("a") == b"mine"

@@ -277,17 +277,28 @@ class FileRenames(_Base):
                 return False  # another client changed it: our bytes are kept aside
         generation = inode.generation
         try:
+            # Over what the rename replaced, and nothing newer: another client's object
+            # written at the new name since is theirs (the copy is made once: a retry of
+            # the move after it has ``copied`` set and only deletes).
             copy = await self.bucket.copy(
                 file_move.old_object,
                 file_move.new_object,
                 source_generation=generation,
-                if_generation_match=None,
+                if_generation_match=file_move.replaces,
             )
         except NotFound:
             log.warning(
                 "write-back: gs://%s was deleted by another client before its rename to %s",
                 file_move.old_object,
                 file_move.new_object,
+            )
+            return False
+        except PreconditionFailed:
+            log.error(
+                "write-back: gs://%s was written by another client after this mount renamed "
+                "gs://%s over it; theirs stays, and this file stays under its old name",
+                file_move.new_object,
+                file_move.old_object,
             )
             return False
         file_move.copied = generation
