@@ -9,7 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
+from tests.test_writeback_filerename import _HeldBeforeReading
+from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
 from tierfs.core.writer import COPY_CHUNK_BYTES, Staged
@@ -76,5 +80,45 @@ async def test_writes_after_a_failed_one_was_dropped_fail_until_the_close(
         assert later.value.errno == errno.ENOSPC
         await fs.release(handle.fh)
         assert bucket.get("f") == b"the old file, whole"
+    finally:
+        fs.close()
+
+
+async def test_a_write_through_another_handle_waits_for_the_upload_a_close_makes(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Two handles on one file (no write-back): A's close uploads; B writes meanwhile. B's
+    write waits for that upload, as gcsfuse's inode lock makes it: the upload sent the file
+    as B was changing it (and a shrink made A's close EIO)."""
+    bucket = _HeldBeforeReading("write_file")
+    fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)), background=Background(nursery))
+    try:
+        a, inode = await fs.create(ROOT_INO, "f", os.O_WRONLY)
+        await fs.write(a.fh, 0, b"written by A")
+        b = await fs.open(inode.ino, os.O_WRONLY)
+        closed, wrote = trio.Event(), trio.Event()
+
+        async def close_a() -> None:
+            await fs.flush(a.fh, last=True)  # the upload: held before it reads the file
+            await fs.release(a.fh)
+            closed.set()
+
+        async def write_b() -> None:
+            await fs.write(b.fh, 0, b"B")
+            wrote.set()
+
+        nursery.start_soon(close_a)
+        with trio.fail_after(30):
+            await bucket.entered.wait()
+        nursery.start_soon(write_b)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not wrote.is_set()
+        bucket.gate.set()
+        with trio.fail_after(30):
+            await closed.wait()
+            await wrote.wait()
+        await fs.flush(b.fh, last=True)
+        await fs.release(b.fh)
+        assert bucket.made == [b"written by A", b"Britten by A"]
     finally:
         fs.close()

@@ -980,11 +980,13 @@ class SendsWhatItReads(MemoryBucket):
 async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_what_it_made(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """Writes do not wait for an upload, so a writer that had the file open before an
-    upload of it began (``tierfs sync``, an fsync) and writes while it is sent gives the
-    server other bytes than its checksum was taken of. (An open for writing after the
-    upload began waits for it: `test_writeback_filerename.py::
-    test_a_file_opened_for_writing_during_its_upload_never_goes_up_torn`.) GCS refuses
+    """The kernel's writes to a file it writes directly (FUSE passthrough) do not wait for
+    an upload, so a writer that had the file open before an upload of it began (``tierfs
+    sync``, an fsync) and writes while it is sent gives the server other bytes than its
+    checksum was taken of. (An open for writing after the upload began, and a write that
+    reaches the daemon, wait for it: `test_writeback_filerename.py::
+    test_a_file_opened_for_writing_during_its_upload_never_goes_up_torn`,
+    `test_staging.py`.) GCS refuses
     such a body; the emulator stores it, and the bucket says so (`UploadedOtherBytes`,
     with the generation it made). That generation is ours: the next upload must replace
     it, not fail its precondition and send our bytes to conflicts/ while GCS keeps the mix
@@ -999,10 +1001,13 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
     fs.background = Background(nursery)
     ino = await write_new(fs, "b", old)
     writer = await fs.open(ino, os.O_WRONLY)  # open before the upload begins
+    staged = fs.inodes[ino].staged
+    assert staged is not None
+    staged.direct = True  # written by the kernel (passthrough): the daemon sees the file
     rewritten: list[int] = []
 
-    async def rewrite() -> None:  # the writer's write; its close comes later
-        await fs.write(writer.fh, 0, new)
+    async def rewrite() -> None:  # the writer's write, by the kernel; its close comes later
+        os.pwrite(staged.fd, new, 0)
         rewritten.append(writer.fh)
 
     bucket.during_send = rewrite
@@ -1032,9 +1037,12 @@ async def test_a_file_unlinked_before_the_retry_of_an_upload_that_sent_other_byt
     fs.background = Background(nursery)
     ino = await write_new(fs, "c", b"o" * 4000)
     writer = await fs.open(ino, os.O_WRONLY)  # open before the upload begins
+    staged = fs.inodes[ino].staged
+    assert staged is not None
+    staged.direct = True  # written by the kernel (passthrough): the daemon sees the file
 
-    async def rewrite() -> None:  # the writer's write; its close comes later
-        await fs.write(writer.fh, 0, b"n" * 6000)
+    async def rewrite() -> None:  # the writer's write, by the kernel; its close comes later
+        os.pwrite(staged.fd, b"n" * 6000, 0)
 
     bucket.during_send = rewrite
     with pytest.raises(UploadedOtherBytes):  # (an fsync's or a sync's upload)

@@ -153,11 +153,12 @@ class WritePath(_Base):
             self.journal.discard(staged.record_id)  # two unlinks; a conflict was moved aside
 
     async def _after_upload(self, inode: Inode) -> None:
-        """Before a change to a write-back file's bytes by an open for writing or a
-        truncate: an upload of it under way (its lock held) ends first. It reads the file
-        as it sends it: changed meanwhile, GCS got bytes of a file still being written, and
-        the journal let go of the closed version's record. Bounded by the upload's own."""
-        if self.journal is not None and inode.staged is not None and inode.lock.locked():
+        """Before a change to a file's bytes (an open for writing, a truncate, a write
+        through another handle): an upload of it under way (its lock held) ends first, as
+        gcsfuse's inode lock makes it. It reads the file as it sends it: changed meanwhile,
+        GCS got bytes of a file still being written (write-back: and the journal let go of
+        the closed version's record), or the closer got EIO. Bounded by the upload's own."""
+        if inode.staged is not None and inode.lock.locked():
             async with self._lock(inode):
                 pass
 
