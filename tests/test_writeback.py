@@ -159,6 +159,32 @@ async def test_fsync_to_gcs_waits_for_gcs(tmp_path: Path, bucket: MemoryBucket) 
     fs.close()
 
 
+@pytest.mark.parametrize("to_gcs", [True, False])
+async def test_a_failing_upload_is_an_fsyncs_error_only_with_fsync_to_gcs(
+    tmp_path: Path, bucket: MemoryBucket, to_gcs: bool
+) -> None:
+    """With ``write:fsync-to-gcs`` the fsync uploads, and GCS's refusal is its error (the
+    next one tries again); a plain write-back fsync is local durability and succeeds."""
+    fs = Filesystem(
+        bucket,
+        Settings(temp_dir=str(tmp_path), fsync_to_gcs=to_gcs),
+        journal=Journal(tmp_path / "cache", "wb"),
+    )
+    handle, _ = await fs.create(ROOT_INO, "f", os.O_WRONLY)
+    await fs.write(handle.fh, 0, b"durable")
+    bucket.fail_next("write_file", BackendError("503 from GCS"))
+    if to_gcs:
+        with pytest.raises(BackendError):
+            await fs.fsync(handle.fh)
+        await fs.fsync(handle.fh)
+        assert bucket.get("f") == b"durable"
+    else:
+        await fs.fsync(handle.fh)
+        assert "f" not in bucket.names()
+    await fs.release(handle.fh)
+    fs.close()
+
+
 async def test_sync_of_a_path_uploads_only_what_is_below_it(
     make_fs: Callable[[], Filesystem], bucket: MemoryBucket
 ) -> None:
