@@ -142,12 +142,14 @@ async def test_fsync_is_local_durability(
     assert bucket.get("f") == b"durable again"
 
 
+def fsync_fs(tmp_path: Path, bucket: MemoryBucket, *, to_gcs: bool) -> Filesystem:
+    """A write-back filesystem with or without ``write:fsync-to-gcs``."""
+    settings = Settings(temp_dir=str(tmp_path), fsync_to_gcs=to_gcs)
+    return Filesystem(bucket, settings, journal=Journal(tmp_path / "cache", "wb"))
+
+
 async def test_fsync_to_gcs_waits_for_gcs(tmp_path: Path, bucket: MemoryBucket) -> None:
-    fs = Filesystem(
-        bucket,
-        Settings(temp_dir=str(tmp_path), fsync_to_gcs=True),
-        journal=Journal(tmp_path / "cache", "wb"),
-    )
+    fs = fsync_fs(tmp_path, bucket, to_gcs=True)
     handle, _ = await fs.create(ROOT_INO, "f", os.O_WRONLY)
     await fs.write(handle.fh, 0, b"durable")
     await fs.flush(handle.fh)
@@ -165,11 +167,7 @@ async def test_a_failing_upload_is_an_fsyncs_error_only_with_fsync_to_gcs(
 ) -> None:
     """With ``write:fsync-to-gcs`` the fsync uploads, and GCS's refusal is its error (the
     next one tries again); a plain write-back fsync is local durability and succeeds."""
-    fs = Filesystem(
-        bucket,
-        Settings(temp_dir=str(tmp_path), fsync_to_gcs=to_gcs),
-        journal=Journal(tmp_path / "cache", "wb"),
-    )
+    fs = fsync_fs(tmp_path, bucket, to_gcs=to_gcs)
     handle, _ = await fs.create(ROOT_INO, "f", os.O_WRONLY)
     await fs.write(handle.fh, 0, b"durable")
     bucket.fail_next("write_file", BackendError("503 from GCS"))

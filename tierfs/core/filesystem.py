@@ -431,7 +431,8 @@ class Filesystem(
         handle = self.files[fh]
         self._check_writes(handle)
         inode = handle.inode
-        await self._after_upload(inode)  # (at once, unless another handle's close uploads)
+        if inode.lock.locked():  # another handle's close uploads it: that ends first
+            await self._after_upload(inode)
         if inode.staged is None:
             await self._stage(inode, inode.size)
         assert inode.staged is not None

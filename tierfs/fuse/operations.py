@@ -411,19 +411,25 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         handle, inode = await self.fs.create(parent_inode, decode_name(name), flags)
-        self.closes.opened(handle.fh, ctx.pid, inode.ino)
+        self.closes.opened(handle.fh, ctx.pid, inode.ino, writable=self._judged_flushes)
         return file_info(handle), entry(self.fs.attr(inode))
 
     @_handler
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         handle = await self.fs.open(inode, flags)
-        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        writable = flags & os.O_ACCMODE != os.O_RDONLY and self._judged_flushes
         self.closes.opened(handle.fh, ctx.pid, inode, writable=writable)
         return file_info(handle)
 
     @_handler
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self.fs.read(fh, off, size)  # type: ignore[return-value]  # memoryview is fine
+
+    @property
+    def _judged_flushes(self) -> bool:
+        """Whether FLUSHes are judged last or not (`tierfs.fuse.closes`): without write-back,
+        whose uploads wait for RELEASE. Only then is a writable handle's opener looked up."""
+        return self.fs.journal is None
 
     @_handler
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -432,7 +438,7 @@ class Operations(pyfuse3.Operations):
     @_handler
     async def flush(self, fh: int, ctx: pyfuse3.RequestContext | None = None) -> None:
         last = True
-        if ctx is not None and self.fs.journal is None:  # write-back waits for RELEASE
+        if ctx is not None and self._judged_flushes:
             last = self.closes.is_last(fh, ctx.pid)
         await self.fs.flush(fh, last=last)
 
