@@ -39,7 +39,9 @@ OPTIONS: tuple[Option, ...] = (
         "cache-dir",
         _P,
         "",
-        "Directory of the SSD file cache; with file-cache:max-size-mb != 0 it turns the cache on.",
+        "Directory of the SSD file cache; with file-cache:max-size-mb != 0 it turns the cache on. "
+        "One live mount of a bucket uses it at a time: another mount of that bucket on the same "
+        "directory runs without an SSD tier (a WARNING at mount).",
     ),
     _opt(
         "foreground",

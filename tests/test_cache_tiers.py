@@ -73,7 +73,10 @@ def payload(key: BlockKey, length: int) -> bytes:
 
 
 def cache_files(root: Path) -> list[Path]:
-    return sorted(p for p in (root / CACHE_DIR_NAME).rglob("*") if p.is_file())
+    """The tier's files, without the lock beside each bucket's directory."""
+    return sorted(
+        p for p in (root / CACHE_DIR_NAME).rglob("*") if p.is_file() and p.suffix != ".lock"
+    )
 
 
 def block_files(root: Path) -> list[Path]:

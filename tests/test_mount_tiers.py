@@ -70,7 +70,9 @@ def test_corrupted_cache_file_is_fetched_again(
     assert (mount.path / "model.bin").read_bytes() == data
     assert mount.unmount().returncode == 0
     (data_file,) = cache.rglob("*.data")
-    blocks = [p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".data", ".seal")]
+    blocks = [
+        p for p in cache.rglob("*") if p.is_file() and p.suffix not in (".data", ".seal", ".lock")
+    ]
     assert len(blocks) == 3
     raw = bytearray(data_file.read_bytes())
     for index in range(len(blocks)):  # flip a byte in the middle of every cached block
@@ -258,3 +260,40 @@ def test_fills_keep_eight_slow_readers_pace_at_the_defaults(
     numbers = stats(mount)["data"]
     assert numbers["tiers"]["ssd"]["bytes_read"] <= 96 * MiB, numbers["tiers"]
     assert numbers["fill_paced"] > 0
+
+
+def test_a_second_mount_of_the_bucket_on_the_same_cache_dir_runs_without_it(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """Two live mounts of one bucket on one cache-dir: the second's start-up scan deleted
+    the first's files in progress and its evictions punched holes in blocks the first
+    served (zeros). The second now runs without the SSD tier and says so."""
+    cache = tmp_path / "cache"
+    data = os.urandom(20 * MiB + 7)
+    upload(gcs_client, bucket_name, "model.bin", data)
+    first = mount_factory(f"--cache-dir={cache}", name="first")
+    assert (first.path / "model.bin").read_bytes() == data
+
+    def settled() -> bool:  # (its blocks are written behind the reader)
+        ssd = stats(first)["data"]["tiers"]["ssd"]
+        return bool(ssd["entries"] == 3 and ssd["pending_bytes"] == 0 and ssd["seals"] == 1)
+
+    wait_until(settled, "the first mount's SSD tier to hold the object")
+    held = sorted(p.name for p in cache.rglob("*") if p.is_file())
+    second = mount_factory(f"--cache-dir={cache}", "--file-cache-max-size-mb=1", name="second")
+    assert (second.path / "model.bin").read_bytes() == data
+    log = second.log.read_text(encoding="utf-8")
+    assert "is used by another tierfs mount of gs://" in log
+    assert stats(second)["data"]["tiers"]["ssd"]["capacity_bytes"] == 0
+    # The first one's files are whole, and it still serves them from its tier.
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == held
+    drop_page_cache()
+    reads = media_reads(first)
+    assert (first.path / "model.bin").read_bytes() == data
+    assert media_reads(first) == reads
+    # Once the first is gone, the next mount takes the directory over.
+    assert first.unmount().returncode == 0
+    assert second.unmount().returncode == 0
+    third = mount_factory(f"--cache-dir={cache}", name="third")
+    assert (third.path / "model.bin").read_bytes() == data
+    assert media_reads(third) == 0

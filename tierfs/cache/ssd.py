@@ -55,8 +55,11 @@ Accounting and invariants:
   are shielded from cancellation so the index always learns their outcome.
 - A failing disk is logged (WARNING on ``tierfs.cache``), counted in ``errors`` and
   treated as a miss or a skipped put; the tier never raises for lack of space.
-- One cache directory per bucket per process: two mounts sharing one would each
-  keep its own accounting (data stays correct, the limit does not).
+- One live process per cache directory and bucket: the first to open it holds its lock
+  (a file beside it) until it ends; a second mount of the bucket on the same cache-dir
+  runs without the SSD tier, with a WARNING. (Sharing it, the second one's start-up
+  scan deleted the first one's files in progress, and each one's evictions punched
+  holes in blocks the other served: zeros.)
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ from tierfs.cache.ssd_format import (
 )
 from tierfs.cache.ssd_parts import PartFiles
 from tierfs.cache.ssd_read import _Reads
-from tierfs.cache.ssd_scan import _prepare
+from tierfs.cache.ssd_scan import CacheInUse, _prepare
 from tierfs.cache.ssd_seals import SEAL, Passthrough, _Seals
 
 __all__ = [
@@ -163,6 +166,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         self._limiter = limiter
         self._fragment_bytes = 4096
         self._opened = False
+        self._lock_fd = -1  # the directory's lock (`tierfs.cache.ssd_scan._lock`)
         self._index: OrderedDict[str, int] = OrderedDict()
         self._objects: dict[str, set[str]] = {}  # object -> its stems in the index
         self._by_name: dict[str, set[str]] = {}  # name hash -> its objects in the index
@@ -233,9 +237,21 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         if self._requested_bytes == 0:
             self._opened = True
             return
-        scan = await trio.to_thread.run_sync(
-            _prepare, self.root, self.directory, self._old_directory, limiter=self._limiter
-        )
+        try:
+            scan = await trio.to_thread.run_sync(
+                _prepare, self.root, self.directory, self._old_directory, limiter=self._limiter
+            )
+        except CacheInUse:
+            log.warning(
+                "SSD cache %s is used by another tierfs mount of gs://%s (a cache-dir serves "
+                "one mount of a bucket at a time): this mount runs without it",
+                self.directory,
+                self.bucket,
+            )
+            self._requested_bytes = self._max_bytes = 0
+            self._opened = True
+            return
+        self._lock_fd = scan.lock_fd
         self._fragment_bytes = scan.fragment_bytes
         for stem, length, record_size in scan.records:
             self._add(stem, self._footprint(length, record_size))

@@ -10,6 +10,8 @@ Blocking: run in a thread.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -39,6 +41,13 @@ class _Scan:
     fragment_bytes: int
     total_bytes: int
     free_bytes: int
+    lock_fd: int = -1  # held for the life of the process (`_lock`)
+
+
+class CacheInUse(OSError):
+    """Another live process has this bucket's SSD cache directory open: its startup scan
+    would delete the files that process is writing, and its evictions would punch holes in
+    blocks that process serves (zeros, even to the kernel through passthrough)."""
 
 
 @dataclass
@@ -84,6 +93,7 @@ def _prepare(root: Path, directory: Path, old_directory: Path) -> _Scan:
     _make_dir(directory.parent.parent)
     _make_dir(directory.parent)
     _make_dir(directory)
+    lock_fd = _lock(directory.parent / f"{directory.name}.lock")
     found = _Found()
     removed = 0
     with os.scandir(directory) as subdirs:
@@ -112,4 +122,21 @@ def _prepare(root: Path, directory: Path, old_directory: Path) -> _Scan:
         fragment_bytes=fragment,
         total_bytes=st.f_blocks * st.f_frsize,
         free_bytes=st.f_bavail * st.f_frsize,
+        lock_fd=lock_fd,
     )
+
+
+def _lock(path: Path) -> int:
+    """Hold ``path``'s lock for the life of this process, before anything in the directory
+    is touched; `CacheInUse` if another process holds it. A POSIX record lock, as the
+    write-back journal's: the kernel drops it when the process ends (kill -9 included), and
+    a process may take it again (the tests' next mounts, in one process)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        if err.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        raise CacheInUse(errno.EBUSY, "used by another tierfs mount of this bucket") from None
+    return fd
