@@ -655,3 +655,27 @@ async def test_an_upload_whose_file_changed_as_it_went_and_whose_answer_was_lost
         await upload_with_its_answer_lost(fault_proxy, bucket_name, path, monkeypatch, write)
     blob = gcs_client.bucket(bucket_name).get_blob("a")
     assert blob is not None and raised.value.generation == blob.generation
+
+
+def test_a_create_gcs_refuses_leaves_no_file_behind(
+    fault_proxy: FaultProxy,
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """With ``create-empty-file`` (which streaming writes turn off, as in gcsfuse), GCS
+    answers 403 to the empty object a create makes:
+    open() fails with EACCES, and no file is left in the mount or the bucket. (A 0-byte
+    file was listed and looked up, and the unmount's sync uploaded it.)"""
+    mount = mount_factory(
+        fault_proxy.option, "--enable-streaming-writes=false", "--create-empty-file"
+    )
+    mount.expect_errors = True
+    fault_proxy.faults.add(Rule(Action(status=403), method="POST", target=UPLOADS))
+    with pytest.raises(PermissionError):
+        (mount.path / "refused.bin").open("wb")
+    assert not (mount.path / "refused.bin").exists()
+    assert "refused.bin" not in os.listdir(mount.path)
+    fault_proxy.faults.stop()
+    assert mount.unmount().returncode == 0
+    assert [b.name for b in gcs_client.list_blobs(bucket_name)] == []

@@ -279,6 +279,26 @@ def test_file_and_dir_with_one_name_file_renamable(area: Area, gcs_client: stora
     assert blob_bytes(gcs_client, area.bucket, area.obj("renamed")) == b"i am the file"
 
 
+@pytest.mark.parametrize("how", ["rmdir", "rename"])
+def test_file_and_dir_with_one_name_the_file_shows_once_the_dir_is_gone(
+    area: Area, gcs_client: storage.Client, how: str
+) -> None:
+    """``foo`` beside an empty ``foo/``: once the directory is removed or renamed, ``foo``
+    is the file (it was ENOENT for negative-ttl-secs: the removal cached "nothing there")."""
+    upload(gcs_client, area.bucket, area.obj("foo"), b"i am the file")
+    upload(gcs_client, area.bucket, area.obj("foo/"), b"")
+    assert stat.S_ISDIR(os.stat(area.plain / "foo").st_mode)
+    if how == "rmdir":
+        os.rmdir(area.plain / "foo")
+        assert names_under(gcs_client, area.bucket, area.obj("")) == {"foo"}
+    else:
+        os.rename(area.plain / "foo", area.plain / "bar")
+        assert names_under(gcs_client, area.bucket, area.obj("")) == {"foo", "bar/"}
+        assert stat.S_ISDIR(os.stat(area.plain / "bar").st_mode)
+    assert stat.S_ISREG(os.stat(area.plain / "foo").st_mode)
+    assert (area.plain / "foo").read_bytes() == b"i am the file"
+
+
 # --- listings ---------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -1020,3 +1021,63 @@ def test_a_second_mount_on_the_same_journal_is_refused_in_one_line(
             second.cleanup()
         writing.write(b", still")
     assert (first.path / "d" / "open").read_bytes() == b"being written, still"
+
+
+@pytest.mark.parametrize("how", ["rmdir", "rename"])
+def test_a_file_beside_a_directory_of_its_name_shows_once_the_directory_is_gone(
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    how: str,
+) -> None:
+    """With write-back, the placeholder's delete (or move) runs in the background; once it
+    is done, ``foo`` is the file GCS holds beside it (the delete's end cached "nothing
+    there" for negative-ttl-secs)."""
+    bucket = gcs_client.bucket(bucket_name)
+    bucket.blob("foo").upload_from_string(b"i am the file")
+    bucket.blob("foo/").upload_from_string(b"")
+    mount = mount_factory("--write-back", f"--cache-dir={tmp_path / 'cache'}")
+    assert stat.S_ISDIR(os.stat(mount.path / "foo").st_mode)
+    if how == "rmdir":
+        os.rmdir(mount.path / "foo")
+    else:
+        os.rename(mount.path / "foo", mount.path / "bar")
+    assert tierfs_sync(mount).returncode == 0
+    assert sorted(objects(gcs_client, bucket_name)) == (
+        ["foo"] if how == "rmdir" else ["bar/", "foo"]
+    )
+    assert stat.S_ISREG(os.stat(mount.path / "foo").st_mode)
+    assert (mount.path / "foo").read_bytes() == b"i am the file"
+
+
+@pytest.mark.parametrize("write_back", [True, False])
+def test_a_directory_whose_placeholder_gcs_cannot_name_is_enametoolong(
+    mount_factory: MountFactory,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+    write_back: bool,
+) -> None:
+    """A placeholder past GCS's 1,024 bytes: with write-back, mkdir made a journal record
+    that no sync could upload (every later mount failed it again); without, a name whose
+    file object is exactly 1,024 bytes said EINVAL. Both are ENAMETOOLONG."""
+    options = ["--write-back", f"--cache-dir={tmp_path / 'cache'}"] if write_back else []
+    mount = mount_factory(*options)
+    deep = mount.path
+    for letter in "abcd":  # 4 x 251 bytes of path
+        deep = deep / (letter * 250)
+        os.mkdir(deep)
+    with pytest.raises(OSError) as info:
+        os.mkdir(deep / ("g" * 255))
+    assert info.value.errno == errno.ENAMETOOLONG
+    exact = "h" * (1024 - 4 * 251)  # its file object is 1,024 bytes, its placeholder 1,025
+    with pytest.raises(OSError) as info:
+        os.mkdir(deep / exact)
+    assert info.value.errno == errno.ENAMETOOLONG
+    (deep / exact).write_bytes(b"a file may ...")
+    assert tierfs_sync(mount).returncode == 0
+    placeholders = [n for n in objects(gcs_client, bucket_name) if n.endswith("/")]
+    assert len(placeholders) == 4 and max(len(n) for n in placeholders) == 4 * 251
+    name = "/".join([letter * 250 for letter in "abcd"] + [exact])
+    assert gcs_client.bucket(bucket_name).blob(name).download_as_bytes() == b"a file may ..."

@@ -19,7 +19,7 @@ from tierfs.cli.control import request
 from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO
-from tierfs.errors import BackendError, PreconditionFailed
+from tierfs.errors import AccessDenied, BackendError, NotFound, PreconditionFailed
 from tierfs.storage import ObjectInfo
 from tierfs.storage.memory import MemoryBucket
 
@@ -264,3 +264,36 @@ def test_written_bytes_are_counted_once(mount_factory: MountFactory, args: tuple
     (mount.path / "big").write_bytes(os.urandom(40 * MiB + 3))  # streamed, in chunks
     assert request(str(mount.path), "sync")["synced"]
     assert request(str(mount.path), "stats")["gcs"]["bytes_written"] == 41 * MiB + 3
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("before", ["absent", "in GCS"])
+async def test_a_create_whose_upload_session_is_refused_leaves_no_name(
+    streaming_fs: tuple[Filesystem, MemoryBucket], monkeypatch: pytest.MonkeyPatch, before: str
+) -> None:
+    """The inode was made before GCS was asked for the upload session: a create that said
+    EACCES left a 0-byte file, listed and looked up, which `sync` then uploaded."""
+    fs, bucket = streaming_fs
+    if before == "in GCS":
+        bucket.put("x", b"theirs")
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AccessDenied("403: no storage.objects.create")
+
+    monkeypatch.setattr(bucket, "open_upload", refused)
+    with pytest.raises(AccessDenied):
+        await fs.create(ROOT_INO, "x", os.O_WRONLY | os.O_CREAT)
+    listing = fs.opendir(ROOT_INO)
+    names = [entry[0] for entry in await fs.readdir(listing, 0)]
+    fs.releasedir(listing)
+    if before == "absent":
+        with pytest.raises(NotFound):
+            await fs.lookup(ROOT_INO, "x")
+        assert "x" not in names
+    else:
+        assert (await fs.lookup(ROOT_INO, "x")).size == len(b"theirs")
+        assert "x" in names
+    await fs.sync_all()
+    assert bucket.names() == ([] if before == "absent" else ["x"])
+    if before == "in GCS":
+        assert bucket.get("x") == b"theirs"

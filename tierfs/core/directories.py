@@ -227,13 +227,12 @@ class Directories(_Base):
 
     async def mkdir(self, parent_ino: int, name: str) -> Inode:
         path = self._new_path(parent_ino, name)
+        placeholder = self.names.new_dir_object(path)
         await self._settle(path)
         if self.journal is not None:
             return await self._mkdir_local(path)
         try:
-            info = await self.bucket.write_bytes(
-                self.names.dir_object(path), b"", if_generation_match=0
-            )
+            info = await self.bucket.write_bytes(placeholder, b"", if_generation_match=0)
         except PreconditionFailed:
             self.names.forget(path)
             raise AlreadyExists(path) from None
@@ -318,7 +317,7 @@ class Directories(_Base):
             elif in_gcs:
                 # (an implicit directory has no placeholder: nothing to delete)
                 await delete_named(self.bucket, placeholder, self._placeholder_generation(inode))
-        self._removed(path)
+        self._removed(path, is_dir=True)
         self.owned.removed(path, is_dir=True)
         self._entries_changed(path)
         self.pending_deletes.dir_removed(path)

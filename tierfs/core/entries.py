@@ -1,4 +1,4 @@
-"""unlink, symlink and readlink; and times: a parent's mtime when an entry comes or goes,
+"""create, unlink, symlink and readlink; and times: a parent's mtime when an entry comes or goes,
 and the setters `setattr` uses for a file's, a directory's or a symlink's mtime.
 
 Deletes with write-back are queued (`tierfs.core.deletes`) so an ``rm -rf`` is local; a part
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from tierfs.core.deletes import Delete, delete_named, delete_one
+from tierfs.core.handles import FileHandle
 from tierfs.core.inodes import ROOT_INO, Inode, Kind
 from tierfs.core.namespace import (
     SYMLINK_FLAG_KEY,
@@ -97,7 +98,56 @@ class Entries(_Base):
             return
         await self._patch_mtime(inode, self.names.file_object(inode.path), mtime_ns)
 
-    # -- unlink, symlink, rename -----------------------------------------------------------------
+    # -- create, unlink, symlink ------------------------------------------------------------------
+
+    async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
+        self.uploads.busy()
+        path = self._new_path(parent_ino, name)
+        await self._settle(path)
+        object_name = self.names.file_object(path)
+        existing = self.inodes.current(path)
+        if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
+            raise AlreadyExists(path)
+        with self._staging():
+            staged = Staged.new(self.settings.temp_dir, journal=self.journal)
+        inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
+        inode.staged = staged
+        self.owned.added(path)
+        self._entries_changed(path)
+        self._make_spares()
+        try:
+            if self.settings.create_empty_file:
+                await self._upload(inode, object_name)
+            elif self.background.running and self._streams < self.settings.max_streams:
+                await self._start_stream(inode, object_name)
+        except BaseException:
+            self._unmake(inode, existing)
+            raise
+        self.inodes.remember(inode)
+        handle = self._open_handle(inode, writable=True, flags=flags)
+        if (
+            self.journal is not None
+            and self.settings.write_passthrough
+            and staged.record_id is not None
+            and inode.stream is None
+        ):
+            handle.backing_id = self.backings.open_staged(inode, staged.fd)
+            staged.direct = bool(handle.backing_id)
+        return handle, inode
+
+    def _unmake(self, inode: Inode, existing: Inode | None) -> None:
+        """A create that failed after its inode was made (GCS refused the upload session,
+        or the empty object): it leaves no name behind. (It did: a file listed and looked
+        up, which the next sync or unmount uploaded, for a create that said EACCES.)"""
+        self._drop_staged(inode)
+        inode.unlinked = True
+        self.inodes.detach(inode)
+        if existing is not None and not existing.unlinked:
+            self.inodes.restore(existing)
+        else:
+            self.owned.removed(inode.path)
+        self.names.forget(inode.path)
+        self._entries_changed(inode.path)
 
     async def unlink(self, parent_ino: int, name: str) -> None:
         await self._settle(self.names.child_path(self._dir(parent_ino).path, name))
@@ -179,7 +229,7 @@ class Entries(_Base):
         except OSError as err:  # the next mount deletes it again: NotFound, harmless
             log.warning("write-back journal: cannot drop a delete record: %s", err)
         self.pending_deletes.finished(delete)
-        self.names.deleted(delete.path)
+        self.names.deleted(delete.path, is_dir=delete.object.endswith("/"))
         return True
 
     async def symlink(self, parent_ino: int, name: str, target: str) -> Inode:

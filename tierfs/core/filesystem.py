@@ -63,9 +63,7 @@ from tierfs.core.uploader import Uploader
 from tierfs.core.uploads import LARGE_UPLOADS, CacheCopies, Uploads
 from tierfs.core.writeback import Journal
 from tierfs.core.writepath import WritePath
-from tierfs.core.writer import Staged
 from tierfs.errors import (
-    AlreadyExists,
     IsADirectory,
     NotADirectory,
     NotFound,
@@ -307,37 +305,6 @@ class Filesystem(
 
     # -- lookup and lookup counts ------------------------------------------------------------
 
-    async def create(self, parent_ino: int, name: str, flags: int) -> tuple[FileHandle, Inode]:
-        self.uploads.busy()
-        path = self._new_path(parent_ino, name)
-        await self._settle(path)
-        object_name = self.names.file_object(path)
-        existing = self.inodes.current(path)
-        if existing is not None and not existing.unlinked and existing.kind is not Kind.FILE:
-            raise AlreadyExists(path)
-        inode = self.inodes.make(Kind.FILE, path, mtime_ns=self.clock_ns())
-        self.owned.added(path)
-        self._entries_changed(path)
-        with self._staging():
-            inode.staged = Staged.new(self.settings.temp_dir, journal=self.journal)
-        self._make_spares()
-        if self.settings.create_empty_file:
-            await self._upload(inode, object_name)
-        elif self.background.running and self._streams < self.settings.max_streams:
-            await self._start_stream(inode, object_name)
-        self.inodes.remember(inode)
-        handle = self._open_handle(inode, writable=True, flags=flags)
-        staged = inode.staged
-        if (
-            self.journal is not None
-            and self.settings.write_passthrough
-            and staged.record_id is not None
-            and inode.stream is None
-        ):
-            handle.backing_id = self.backings.open_staged(inode, staged.fd)
-            staged.direct = bool(handle.backing_id)
-        return handle, inode
-
     async def open(self, ino: int, flags: int) -> FileHandle:
         inode = self._inode(ino)
         if inode.kind is Kind.DIR:
@@ -448,12 +415,12 @@ class Filesystem(
 
     # -- attributes that change ----------------------------------------------------------------
 
-    def _removed(self, path: str, *, below: bool = True) -> None:
+    def _removed(self, path: str, *, below: bool = True, is_dir: bool = False) -> None:
         """``path`` is gone: forget it, and the directories that existed only through it.
 
         Implied directories (no placeholder) may vanish with their last object; the
         kernel would keep their names for the TTL, so they are dropped there too."""
-        self.names.removed(path, below=below)
+        self.names.removed(path, below=below, is_dir=is_dir)
         parent = self.inodes.current(path.rsplit("/", 1)[0] if "/" in path else "")
         while parent is not None and parent.ino != ROOT_INO and not parent.placeholder:
             grand = self.inodes.current(parent.parent_path)

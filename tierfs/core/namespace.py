@@ -155,23 +155,31 @@ class Namespace:
             else:
                 self.cache.forget(path)
 
-    def removed(self, path: str, *, below: bool = True) -> None:
+    def removed(self, path: str, *, below: bool = True, is_dir: bool = False) -> None:
         """This mount removed ``path``: it is gone, and implied parents may be too.
         ``below`` False: a file, with nothing below it to forget (that scan is the cost of
-        an unlink in a large cache)."""
+        an unlink in a large cache). ``is_dir``: a directory, whose name is forgotten, not
+        known absent: a file of the same name GCS may hold (``foo`` beside ``foo/``) is
+        what the name shows once the directory is gone."""
         self._changed(path, below=below)
         if self.cache is not None:
             if below:
                 self.cache.forget_below(path)
-            self.cache.put(path, None)
+            if is_dir:
+                self.cache.forget(path)
+            else:
+                self.cache.put(path, None)
             self.cache.forget_implied_above(path)
 
-    def deleted(self, path: str) -> None:
+    def deleted(self, path: str, *, is_dir: bool = False) -> None:
         """The object of ``path``, already removed from this mount, is gone from GCS too:
         nothing learned of it while its delete ran may stay (cheaper than `removed`)."""
         self._changed(path)
         if self.cache is not None:
-            self.cache.put(path, None)
+            if is_dir:
+                self.cache.forget(path)
+            else:
+                self.cache.put(path, None)
             self.cache.forget_implied_above(path)  # (learned from listings meanwhile)
 
     def _changed(self, path: str, *, below: bool = False) -> None:
@@ -199,6 +207,14 @@ class Namespace:
     def dir_object(self, path: str) -> str:
         """The placeholder object of a directory ('' for the mount root)."""
         return self.prefix + path + "/" if path else self.prefix
+
+    def new_dir_object(self, path: str) -> str:
+        """The placeholder a mkdir makes: `dir_object`, within GCS's name limit (a directory
+        made with write-back is a journal record that could never be uploaded otherwise)."""
+        name = self.dir_object(path)
+        if len(name.encode("utf-8")) > OBJECT_NAME_MAX_BYTES:
+            raise NameTooLong(path)
+        return name
 
     def child_path(self, parent: str, name: str) -> str:
         return f"{parent}/{name}" if parent else name

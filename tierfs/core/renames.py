@@ -208,7 +208,7 @@ class Renames(_Base):
             for inode in self.inodes.below(old_path)
             if inode.kind is not Kind.DIR and inode.generation and not inode.unlinked
         }
-        self._removed(old_path)
+        self._removed(old_path, is_dir=True)
         self.names.forget(new_path, below=True)
         self.inodes.move(source, new_path)
         source.placeholder = True
@@ -362,7 +362,7 @@ class Renames(_Base):
             # (A directory made here has one coming: its journal record moves with it.)
             await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
         copies = await move_objects(self.bucket, objects, old_prefix, new_prefix)
-        self._removed(source.path)
+        self._removed(source.path, is_dir=True)
         self.names.forget(new_path, below=True)
         self.inodes.move(source, new_path)
         source.placeholder = True
