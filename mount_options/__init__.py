@@ -86,6 +86,8 @@ def load(
     into a config file after the user's) win over it, and flags win over both.
     """
     paths = [a.value for a in parsed.assignments if a.path == "config-file" and a.value]
+    if paths and absolute is not None:  # (``~`` too: fstab has no shell to expand it)
+        paths = [absolute(str(path)) for path in paths]
     file_assignments: list[Assignment] = []
     if paths:
         if read_text is None:

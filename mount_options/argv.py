@@ -32,6 +32,13 @@ class CommandLine:
     parsed: Parsed = field(default_factory=Parsed)
     positional: list[str] = field(default_factory=list)
     extras: dict[str, str | bool] = field(default_factory=dict)
+    # Where each positional was in argv: the mountpoint is rewritten there, not wherever
+    # the same word appears (``tierfs mount b mnt --only-dir mnt``).
+    positional_at: list[int] = field(default_factory=list)
+
+    def add_positional(self, arg: str, at: int) -> None:
+        self.positional.append(arg)
+        self.positional_at.append(at)
 
 
 def parse_flags(argv: Sequence[str], extras: Mapping[str, bool] = {}) -> CommandLine:
@@ -43,10 +50,11 @@ def parse_flags(argv: Sequence[str], extras: Mapping[str, bool] = {}) -> Command
         arg = args[i]
         i += 1
         if arg == "--":
-            line.positional.extend(args[i:])
+            for at in range(i, len(args)):
+                line.add_positional(args[at], at)
             break
         if not arg.startswith("-") or arg == "-":
-            line.positional.append(arg)
+            line.add_positional(arg, i - 1)
             continue
         body = arg.lstrip("-")
         name, has_value, value = body.partition("=")
@@ -138,5 +146,5 @@ def parse_mount_helper(argv: Sequence[str], extras: Mapping[str, bool] = {}) -> 
         elif arg.startswith("-"):
             raise OptionError(f"unknown flag '{arg}' for mount.tierfs (options go in -o)")
         else:
-            line.positional.append(arg)
+            line.add_positional(arg, i - 1)
     return line

@@ -22,6 +22,8 @@ from mount_options.option import (
     _opt,
 )
 
+ID_MAX = 2**32 - 2  # the largest uid_t / gid_t (2**32 - 1 is (uid_t) -1: "no id")
+
 OPTIONS: tuple[Option, ...] = (
     # -- file-system ------------------------------------------------------------------------
     _opt(
@@ -33,8 +35,22 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt("file-system:file-mode", kinds.OCTAL, 0o644, "Permission bits of every file."),
     _opt("file-system:dir-mode", kinds.OCTAL, 0o755, "Permission bits of every directory."),
-    _opt("file-system:uid", _I, -1, "Owner of every inode; -1 = the mounting user.", minimum=-1),
-    _opt("file-system:gid", _I, -1, "Group of every inode; -1 = the mounting group.", minimum=-1),
+    _opt(
+        "file-system:uid",
+        _I,
+        -1,
+        "Owner of every inode; -1 = the mounting user.",
+        minimum=-1,
+        maximum=ID_MAX,
+    ),
+    _opt(
+        "file-system:gid",
+        _I,
+        -1,
+        "Group of every inode; -1 = the mounting group.",
+        minimum=-1,
+        maximum=ID_MAX,
+    ),
     _opt(
         "file-system:rename-dir-limit",
         _I,

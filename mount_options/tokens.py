@@ -40,6 +40,12 @@ FUSE_VALUED = frozenset({"fsname", "subtype", "max_read", "blksize", "context", 
 # mount(8)'s own words: meaningless to the filesystem (gcsfuse's mount helper drops them too).
 DROPPED = frozenset({"user", "nouser", "users", "owner", "group", "auto", "noauto", "_netdev",
                      "no_netdev", "nofail", "defaults", "comment"})  # fmt: skip
+# Kernel options libfuse 3 refuses for a FUSE mount (the mount failed with
+# "fuse_session_new() failed", or mounted and never answered: max_read): accepted, as
+# gcsfuse and the CSI driver accept them, and dropped with a warning. tierfs keeps no
+# access times; the kernel picks FUSE's read size and block size itself.
+WITHOUT_EFFECT = frozenset({"atime", "diratime", "relatime", "norelatime", "strictatime",
+                            "lazytime", "nolazytime", "max_read", "blksize"})  # fmt: skip
 # The only values CSI accepts in ``o=X``.
 CSI_O_VALUES = frozenset({"exec", "noexec", "atime", "noatime", "sync", "async", "dirsync"})
 
@@ -98,7 +104,7 @@ def parse_token(token: str, source: str) -> Parsed:
         return Parsed([Assignment(option.path, value, source, rank)])
     kernel = fuse_option(name, raw if has_value else None)
     if kernel is not None:
-        return Parsed([Assignment(FUSE_OPTIONS, (kernel,), source, FLAG_RANK)])
+        return _kernel(kernel, source)
     raise _unknown(text if not has_value else name)
 
 
@@ -138,7 +144,15 @@ def _csi_o(value: str, source: str) -> Parsed:
     if value not in CSI_O_VALUES:
         allowed = ", ".join(sorted(CSI_O_VALUES))
         raise OptionError(f"bad value '{value}' for option 'o': expected one of {allowed}")
-    return Parsed([Assignment(FUSE_OPTIONS, (value,), source, FLAG_RANK)])
+    return _kernel(value, source)
+
+
+def _kernel(option: str, source: str) -> Parsed:
+    """A kernel option for the mount, or a warning for one that would fail it."""
+    name = option.partition("=")[0]
+    if name in WITHOUT_EFFECT:
+        return Parsed(warnings=[f"kernel option '{name}' has no effect on a FUSE mount: ignored"])
+    return Parsed([Assignment(FUSE_OPTIONS, (option,), source, FLAG_RANK)])
 
 
 def _unknown(name: str) -> OptionError:

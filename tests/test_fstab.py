@@ -147,6 +147,39 @@ def test_mount_helper_dry_run_prints_json(tmp_path: Path) -> None:
     assert mount_table(tmp_path) == []  # a dry run mounts nothing
 
 
+def test_mount_helper_takes_the_last_part_of_a_source_mount_8_made_absolute(
+    tmp_path: Path,
+) -> None:
+    """mount(8) makes a source that names an existing path absolute (``cd /mnt; mount
+    my-bucket`` with /mnt/my-bucket the mountpoint): the bucket was '' (an error); gcsfuse's
+    helper takes the last part."""
+    source = str(tmp_path / "my-bucket")
+    (tmp_path / "my-bucket").mkdir()
+    result = subprocess.run(
+        [MOUNT_HELPER, source, source, "-o", "rw", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout)["bucket"] == "my-bucket"
+
+
+def test_mount_helper_fake_mounts_nothing(tmp_path: Path) -> None:
+    """``mount -f`` (fake: mtab entries for ``mount -fa``) passes -f: everything is checked,
+    nothing mounted (it mounted for real); a bad option still fails."""
+    args = [MOUNT_HELPER, "my-bucket", str(tmp_path), "-f", "-o"]
+    result = subprocess.run(
+        [*args, "rw,implicit_dirs"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
+    assert mount_table(tmp_path) == []
+    bad = subprocess.run(
+        [*args, "rw,no_such_option"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert bad.returncode == 2 and "no_such_option" in bad.stderr
+
+
 # --- mount(8) with an fstab line ---------------------------------------------------------------
 
 

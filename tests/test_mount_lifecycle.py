@@ -167,6 +167,55 @@ def test_unmount_waits_for_a_daemon_mounted_by_a_relative_path(
     assert gcs_client.bucket(bucket_name).blob("ckpt").download_as_bytes() == data
 
 
+def test_a_flag_after_the_mountpoint_with_the_same_word_keeps_its_value(
+    mountpoint_dir: Path, bucket_name: str, endpoint_args: list[str], gcs_client: storage.Client
+) -> None:
+    """``tierfs mount BUCKET mnt --only-dir mnt``: the daemon's mountpoint was made absolute
+    by replacing the last word equal to it, the flag's value: the prefix became
+    ``/abs/path/mnt`` (files went there), and unmount did not find the daemon to wait."""
+    home = mountpoint_dir.parent
+    command = [TIERFS, "mount", *endpoint_args, bucket_name, "mnt", "--only-dir", "mnt"]
+    result = subprocess.run(command, cwd=home, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(daemon_pids(str(mountpoint_dir))) == 1
+    (mountpoint_dir / "f.txt").write_bytes(b"data")
+    result = subprocess.run(
+        [TIERFS, "unmount", "mnt"], cwd=home, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert [b.name for b in gcs_client.list_blobs(bucket_name)] == ["mnt/f.txt"]
+
+
+def test_ctrl_c_while_a_mount_starts_leaves_no_daemon_and_no_mount(
+    mountpoint_dir: Path, bucket_name: str
+) -> None:
+    """SIGINT to ``tierfs mount`` while its daemon waits for GCS (here an endpoint that
+    never answers): it said "interrupted" and exited 130, but the daemon went on, mounted
+    once GCS answered, and died at its first reply to the gone parent: a dead mount."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections are made, never answered
+    try:
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        command = [TIERFS, "mount", f"--custom-endpoint={endpoint}", "--anonymous-access"]
+        starting = subprocess.Popen(
+            [*command, bucket_name, str(mountpoint_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(
+            lambda: set(daemon_pids(str(mountpoint_dir))) - {starting.pid}, "the daemon to start"
+        )
+        starting.send_signal(signal.SIGINT)
+        _, err = starting.communicate(timeout=60)
+        assert starting.returncode == 130 and err == "tierfs: interrupted\n", err
+        assert daemon_pids(str(mountpoint_dir)) == []
+        assert mount_table(mountpoint_dir) == []
+    finally:
+        silent.close()
+
+
 def test_a_mount_whose_daemon_does_not_answer_is_never_waited_for(
     mount_factory: MountFactory, endpoint_args: list[str], bucket_name: str
 ) -> None:
@@ -202,18 +251,24 @@ def test_a_mount_whose_daemon_does_not_answer_is_never_waited_for(
     assert os.listdir(fresh.path) == []
 
 
+@pytest.mark.parametrize("linked", ["a parent", "the mountpoint itself"])
 def test_a_mountpoint_reached_through_a_symlink(
-    tmp_path: Path, bucket_name: str, endpoint_args: list[str]
+    tmp_path: Path, bucket_name: str, endpoint_args: list[str], linked: str
 ) -> None:
-    """``/home`` -> ``/var/home`` (Fedora Atomic): the mount table names the resolved path,
-    and the commands compared it with the path as given. A second mount there was not
-    refused (it stacked on the first), ``tierfs unmount`` said 'not mounted', and
-    ``tierfs stats`` and ``sync`` found no mount answering."""
+    """``/home`` -> ``/var/home`` (Fedora Atomic), or ``/data`` -> ``/mnt/disk/data``: the
+    mount table names the resolved path, and the commands compared it with the path as
+    given. A second mount there was not refused (it stacked on the first), ``tierfs
+    unmount`` said 'not mounted', and ``tierfs stats`` and ``sync`` found no mount
+    answering."""
     require_fuse()
     real = tmp_path / "real"
     (real / "mnt").mkdir(parents=True)
-    (tmp_path / "link").symlink_to(real)
-    path = str(tmp_path / "link" / "mnt")
+    if linked == "a parent":
+        (tmp_path / "link").symlink_to(real)
+        path = str(tmp_path / "link" / "mnt")
+    else:
+        (tmp_path / "link").symlink_to(Path("real") / "mnt")  # (relative, as ln -s makes)
+        path = str(tmp_path / "link")
     try:
         result = tierfs("mount", *endpoint_args, bucket_name, path)
         assert result.returncode == 0, result.stderr
@@ -613,3 +668,28 @@ def test_json_logs(mount_factory: MountFactory, tmp_path: Path) -> None:
     assert records, "the daemon wrote no log lines"
     assert {"timestamp", "severity", "message"} <= set(records[0])
     assert any("mounted gs://" in r["message"] for r in records)
+
+
+def test_kernel_options_libfuse_refuses_mount_with_a_warning(
+    mountpoint_dir: Path, bucket_name: str, endpoint_args: list[str]
+) -> None:
+    """``-o atime,relatime,max_read=...``, which gcsfuse's users and its CSI driver's
+    ``o=atime`` pass: the mount failed ("fuse_session_new() failed", or for max_read
+    mounted and never answered). They are dropped, with a warning; noatime is kept."""
+    options = "atime,relatime,strictatime,max_read=131072,blksize=4096,noatime"
+    result = subprocess.run(
+        [TIERFS, "mount", *endpoint_args, "-o", options, bucket_name, str(mountpoint_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "no effect on a FUSE mount" in line]
+    assert len(warned) == 5, result.stderr
+    (mountpoint_dir / "f").write_bytes(b"ok")
+    assert (mountpoint_dir / "f").read_bytes() == b"ok"
+    assert "noatime" in mount_table(mountpoint_dir)[-1][2].split(",")
+    done = subprocess.run(
+        [TIERFS, "unmount", str(mountpoint_dir)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr

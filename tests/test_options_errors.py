@@ -220,6 +220,20 @@ ERRORS = [
     ),
     pytest.param(
         TIERFS,
+        ["mount", "--dry-run", "--uid=4294967296", "my-bucket", "/mnt"],
+        "tierfs: bad value '4294967296' for option 'file-system:uid': "
+        "expected a value from -1 to 4294967294",
+        id="uid-past-uid_t",
+    ),
+    pytest.param(
+        MOUNT_HELPER,
+        ["my-bucket", "/mnt", "--dry-run", "-o", "gid=99999999999"],
+        "tierfs: bad value '99999999999' for option 'file-system:gid': "
+        "expected a value from -1 to 4294967294",
+        id="gid-past-gid_t",
+    ),
+    pytest.param(
+        TIERFS,
         ["mount", "--dry-run", "--retry-multiplier=abc", "my-bucket", "/mnt"],
         "tierfs: bad value 'abc' for option 'gcs-retries:multiplier': expected a number",
         id="float",

@@ -374,11 +374,26 @@ def test_csi_driver_internal_options_are_consumed_silently(token):
     assert volume.parsed.warnings == []
 
 
-@pytest.mark.parametrize("word", ["noexec", "exec", "noatime", "atime", "sync", "async", "dirsync"])
+@pytest.mark.parametrize("word", ["noexec", "exec", "noatime", "sync", "async", "dirsync"])
 def test_csi_o_form_accepts_its_kernel_options(word):
     config = csi(mount_options=(f"o={word}",))
     assert config.fuse_options == (word,)
     assert explicit(config) == {FUSE: ((word,), MO)}
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["o=atime", "atime", "diratime", "relatime", "norelatime", "strictatime", "lazytime",
+     "nolazytime", "max_read=131072", "blksize=4096"],
+)  # fmt: skip
+def test_kernel_options_libfuse_refuses_are_accepted_without_effect_and_warned(token):
+    """libfuse 3 refuses these for a FUSE mount: the mount failed ("fuse_session_new()
+    failed"; max_read mounted and never answered). gcsfuse and the CSI driver accept them:
+    they are dropped, with a warning naming them."""
+    config = csi(mount_options=(token,))
+    name = token.removeprefix("o=").partition("=")[0]
+    assert config.fuse_options == ()
+    assert f"kernel option '{name}' has no effect on a FUSE mount: ignored" in config.warnings
 
 
 @pytest.mark.parametrize("word", ["ro", "rw", "nodev", "allow_other", ""])

@@ -110,6 +110,27 @@ def test_home_is_expanded(tmp_path: Path) -> None:
     assert value(json.loads(result.stdout), "cache-dir") == str(tmp_path / "home" / "cache")
 
 
+@pytest.mark.parametrize("form", ["--config-file=~/c.yaml", "-o", "helper"])
+def test_home_is_expanded_in_the_config_files_name(tmp_path: Path, form: str) -> None:
+    """docs/semantics.md: path options, config-file among them, have ``~`` expanded in
+    every form; the config file was read as the literal ``~/c.yaml`` (fstab has no shell)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "c.yaml").write_text("implicit-dirs: true\n")
+    env = {**os.environ, "HOME": str(home)}
+    if form == "helper":
+        command = [MOUNT_HELPER, "bkt", str(tmp_path), "-o", "rw,config_file=~/c.yaml"]
+    elif form == "-o":
+        command = [TIERFS, "mount", "-o", "config_file=~/c.yaml", "bkt", "mnt"]
+    else:
+        command = [TIERFS, "mount", form, "bkt", "mnt"]
+    result = subprocess.run(
+        [*command, "--dry-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert value(json.loads(result.stdout), "implicit-dirs") is True
+
+
 @pytest.mark.parametrize("option", [o for o in SCHEMA if o.kind is PATH], ids=lambda o: o.path)
 def test_every_path_option_in_the_schema_is_made_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option

@@ -40,7 +40,7 @@ from tierfs.errors import (
     UploadedOtherBytes,
 )
 from tierfs.storage import STAT_KEYS, Bucket, Listing
-from tierfs.storage.gcs import NO_CREDENTIALS, GcsBucket, RetrySettings
+from tierfs.storage.gcs import NO_CREDENTIALS, POOL_MAX, GcsBucket, RetrySettings
 from tierfs.storage.gcs_auth import _normalize_endpoint
 from tierfs.storage.memory import MemoryBucket
 
@@ -1173,3 +1173,22 @@ async def test_a_read_whose_buffer_is_refused_makes_bytes(bucket: Bucket) -> Non
         "obj", generation=info.generation, offset=3, length=100 * KiB, into=lambda n: None
     )
     assert isinstance(got, bytes) and got == data[3 : 3 + 100 * KiB]
+
+
+async def test_a_huge_max_conns_per_host_still_connects_at_once_and_works(
+    emulator: Emulator, bucket_name: str
+) -> None:
+    """``max-conns-per-host=1000000000``: the HTTP pool was sized to it, and urllib3 makes a
+    slot per connection up front (the daemon passed 7 GB and never mounted). The pool
+    keeps at most `POOL_MAX` connections; the cap on requests in flight is the option's."""
+    gcs = GcsBucket.connect(
+        bucket_name, endpoint=emulator.endpoint, anonymous=True, max_connections=10**9
+    )
+    try:
+        adapter = gcs._client._http.get_adapter(emulator.endpoint)
+        assert adapter._pool_maxsize <= POOL_MAX + 2
+        info = await gcs.write_bytes("x", b"works", if_generation_match=0)
+        got = await gcs.read("x", generation=info.generation, offset=0, length=5)
+        assert bytes(got) == b"works"
+    finally:
+        gcs.close()

@@ -34,7 +34,6 @@ from tierfs.cli.mountpoint import (
     unmount,
 )
 
-START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 600.0
 HUNG_WAIT_S = 10.0  # for a daemon whose mount does not answer (stopped, deadlocked)
 
@@ -63,8 +62,14 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
             )
         finally:
             os.close(write_fd)
-        with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
-            message = pipe.readline().strip()
+        try:
+            with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
+                message = pipe.readline().strip()
+        except BaseException:
+            # Ctrl-C while it starts: no mount may come up after `tierfs mount` said it was
+            # interrupted (one did, and died at its first answer: a dead mount left behind).
+            _stop_starting(child, mountpoint)
+            raise
         if message != "ok":
             try:
                 status = child.wait(timeout=10)
@@ -78,6 +83,17 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
         os.stat(mountpoint)
     except OSError as err:
         raise MountError(f"mounted, but {mountpoint} does not answer: {err.strerror}") from None
+
+
+def _stop_starting(child: subprocess.Popen[bytes], mountpoint: str) -> None:
+    """Kill a daemon still starting, and take off a mount it made meanwhile."""
+    child.kill()
+    child.wait()
+    if mounted_here(mountpoint) is not None:  # (refused before the start if there was one)
+        try:
+            unmount(mountpoint, lazy=True)
+        except MountError:
+            pass
 
 
 def daemon_pids(mountpoint: str) -> list[int]:

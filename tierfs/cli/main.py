@@ -107,7 +107,8 @@ def _main(argv: list[str]) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "mount":
-        return _mount(mount_options.parse_flags(rest, MOUNT_EXTRAS), ["mount", *rest])
+        line = mount_options.parse_flags(rest, MOUNT_EXTRAS)
+        return _mount(line, ["mount", *rest], [at + 1 for at in line.positional_at])
     if command in ("unmount", "umount"):
         return _unmount(rest)
     if command == "stats":
@@ -136,15 +137,27 @@ def _main(argv: list[str]) -> int:
 def _mount_helper(argv: list[str]) -> int:
     line = mount_options.parse_mount_helper(argv, MOUNT_EXTRAS)
     child: list[str] = ["mount"]
+    moved: dict[int, int] = {}  # argv index -> child index
     skip = False
-    for arg in argv:
+    for at, arg in enumerate(argv):
         if skip:
             skip = False
         elif arg in ("-t", "--types"):
             skip = True
         elif arg not in HELPER_ONLY_FLAGS:
+            moved[at] = len(child)
             child.append(arg)
-    return _mount(line, child)
+    places = [moved[i] for i in line.positional_at if i in moved]
+    if len(line.positional) == 2 and line.positional[0].startswith("/") and places:
+        # mount(8) makes a source that names an existing path absolute (``cd /mnt; mount
+        # my-bucket``, with /mnt/my-bucket the mountpoint): gcsfuse's helper takes its last
+        # part as the bucket, and so does this one.
+        bucket = os.path.basename(line.positional[0].rstrip("/"))
+        line.positional[0] = child[places[0]] = bucket
+    if line.extras.get("f"):  # mount -f: everything but the mount itself
+        effective_config(line)
+        return 0
+    return _mount(line, child, places)
 
 
 def _stats(argv: list[str]) -> int:
@@ -214,7 +227,9 @@ def _unmount(argv: list[str]) -> int:
     return 0
 
 
-def _mount(line: CommandLine, child_args: list[str]) -> int:
+def _mount(line: CommandLine, child_args: list[str], positional_at: list[int]) -> int:
+    """``child_args``: the daemon's arguments; ``positional_at``: where in them the
+    positionals are (the last is the mountpoint)."""
     if line.extras.get("help") or line.extras.get("help-all"):
         print(MOUNT_USAGE)
         print(help_text(include_hidden=bool(line.extras.get("help-all"))))
@@ -229,9 +244,9 @@ def _mount(line: CommandLine, child_args: list[str]) -> int:
     if config["foreground"] or isinstance(ready_fd, str):
         return run_foreground(config, int(ready_fd) if isinstance(ready_fd, str) else None)
     try:
+        at = positional_at[-1] if positional_at else -1
         daemon.start_background(
-            _absolute_mountpoint(child_args, line.positional[-1], config.mountpoint),
-            config.mountpoint,
+            _absolute_mountpoint(child_args, at, config.mountpoint), config.mountpoint
         )
     except MountError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
@@ -239,14 +254,14 @@ def _mount(line: CommandLine, child_args: list[str]) -> int:
     return 0
 
 
-def _absolute_mountpoint(args: list[str], given: str, absolute: str) -> list[str]:
-    """The daemon's arguments with its mountpoint (the last positional) made absolute:
-    `tierfs unmount` finds the daemon by that path among its words in /proc, and did not
-    find one mounted as ``mnt`` or ``/mnt/x/``: it returned while the daemon still
-    uploaded what was pending."""
-    if given == absolute or given not in args:
+def _absolute_mountpoint(args: list[str], at: int, absolute: str) -> list[str]:
+    """The daemon's arguments with its mountpoint (``args[at]``, the last positional) made
+    absolute: `tierfs unmount` finds the daemon by that path among its words in /proc, and
+    did not find one mounted as ``mnt`` or ``/mnt/x/``: it returned while the daemon still
+    uploaded what was pending. (Found by its place, not its value: a flag's value equal to
+    it, ``--only-dir mnt``, was rewritten instead.)"""
+    if not 0 <= at < len(args) or args[at] == absolute:
         return args
-    at = len(args) - 1 - args[::-1].index(given)
     return [*args[:at], absolute, *args[at + 1 :]]
 
 

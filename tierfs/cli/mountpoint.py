@@ -41,15 +41,28 @@ class MountEntry:
 
 
 def canonical(path: str) -> str:
-    """``path`` absolute, with the symlinks above its last part resolved, as the mount table
-    names it (a home reached through a symlink, ``/home`` -> ``/var/home``). The last part
-    itself is never looked up: it may be a mount that does not answer. ``/dev/fd/N`` (a
-    FUSE descriptor a privileged helper opened: `tierfs.cli.fdmount`) is left as it is."""
+    """``path`` absolute, with its symlinks resolved, as the mount table names it (a home
+    reached through a symlink, ``/home`` -> ``/var/home``; a mountpoint that is one,
+    ``/data`` -> ``/mnt/disk/data``). The last part is only read as a link (readlink),
+    never looked up: it may be a mount that does not answer. ``/dev/fd/N`` (a FUSE
+    descriptor a privileged helper opened: `tierfs.cli.fdmount`) is left as it is."""
     if fuse_fd(path) is not None:
         return path
     absolute = os.path.abspath(path)
-    parent, name = os.path.split(absolute)
-    return os.path.join(os.path.realpath(parent), name) if name else absolute
+    for _ in range(_MAX_LINKS):
+        parent, name = os.path.split(absolute)
+        if not name:
+            return absolute
+        absolute = os.path.join(os.path.realpath(parent), name)
+        try:
+            target = os.readlink(absolute)  # (EINVAL for a directory or a mount: no lookup)
+        except OSError:
+            return absolute
+        absolute = os.path.normpath(os.path.join(os.path.dirname(absolute), target))
+    return absolute
+
+
+_MAX_LINKS = 40  # as the kernel's path walk (ELOOP past it)
 
 
 def mounts() -> list[MountEntry]:

@@ -84,6 +84,7 @@ from tierfs.storage.unfinished import Unfinished
 __all__ = ["NO_CREDENTIALS", "GcsBucket", "RetrySettings"]
 
 DEFAULT_CONCURRENCY = 32
+POOL_MAX = 512  # connections the HTTP pool keeps at most (see `GcsBucket.connect`)
 DEFAULT_HTTP_TIMEOUT_S = 60.0
 _CHECK_ATTEMPTS = 3
 
@@ -168,8 +169,11 @@ class GcsBucket(_Uploads, _Reads):
         if limiter is None:
             limiter = trio.CapacityLimiter(max_connections or DEFAULT_CONCURRENCY)
         tokens = limiter.total_tokens
-        # The HTTP pool is sized to the limiter, so no connection is ever thrown away.
-        pool = (int(tokens) if math.isfinite(tokens) else DEFAULT_CONCURRENCY) + 2
+        # The HTTP pool is sized to the limiter, so no connection is ever thrown away, up to
+        # `POOL_MAX`: urllib3 makes a slot per connection up front (a max-conns-per-host of
+        # 10**9 took the daemon past 7 GB before it mounted); past it, extra connections
+        # are opened and closed as needed.
+        pool = min(int(tokens) if math.isfinite(tokens) else DEFAULT_CONCURRENCY, POOL_MAX) + 2
         client = client_for(
             endpoint=endpoint,
             key_file=key_file,
