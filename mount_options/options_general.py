@@ -275,7 +275,8 @@ OPTIONS: tuple[Option, ...] = (
         "file-cache:max-size-mb",
         _I,
         -1,
-        "SSD cache size in MiB; -1 = free space of the cache-dir volume, 0 disables.",
+        "SSD cache size in MiB; -1 = free space of the cache-dir volume (half of it when "
+        "write-back keeps its journal on that volume, so saves have room), 0 disables.",
         flag="file-cache-max-size-mb",
         **_ANY_SIZE,
     ),

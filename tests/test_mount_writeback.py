@@ -18,7 +18,7 @@ import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import TIERFS, Mount, stats
+from tests.mounting import TIERFS, Mount, stats, wait_until
 from tierfs.cli.emulator import Emulator
 from tierfs.core.writeback import Journal
 
@@ -1081,3 +1081,41 @@ def test_a_directory_whose_placeholder_gcs_cannot_name_is_enametoolong(
     assert len(placeholders) == 4 and max(len(n) for n in placeholders) == 4 * 251
     name = "/".join([letter * 250 for letter in "abcd"] + [exact])
     assert gcs_client.bucket(bucket_name).blob(name).download_as_bytes() == b"a file may ..."
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs: a cache-dir volume a cache sized -1 can fill."""
+    path = tmp_path / "small"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_file_cache_sized_to_its_volume_leaves_the_journal_room_for_a_save(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, small_disk: Path
+) -> None:
+    """file-cache:max-size-mb -1 (the default) with write-back's journal in the same
+    cache-dir: the cache took the volume's free space less its 5 % margin, so once a
+    restore had filled it, a save larger than the margin failed with ENOSPC. It takes
+    half now (stats say so), and the save fits."""
+    restored = os.urandom(48 * MiB)
+    gcs_client.bucket(bucket_name).blob("restored.bin").upload_from_string(restored)
+    mount = mount_factory("--write-back", f"--cache-dir={small_disk}")
+    assert (mount.path / "restored.bin").read_bytes() == restored
+    capacity = stats(mount)["data"]["tiers"]["ssd"]["capacity_bytes"]
+    assert 28 * MiB < capacity < 32 * MiB  # half of 64 MiB less 5 %
+
+    def settled() -> bool:
+        ssd = stats(mount)["data"]["tiers"]["ssd"]
+        full = min(capacity, len(restored)) - 9 * MiB  # (within a block of it)
+        return bool(ssd["pending_bytes"] == 0 and ssd["used_bytes"] > full)
+
+    wait_until(settled, "the restore to fill the SSD tier")
+    saved = os.urandom(24 * MiB)
+    (mount.path / "saved.bin").write_bytes(saved)
+    assert tierfs_sync(mount).returncode == 0
+    assert gcs_client.bucket(bucket_name).blob("saved.bin").download_as_bytes() == saved

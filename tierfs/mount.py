@@ -53,6 +53,11 @@ log = logging.getLogger("tierfs.mount")
 # one request of a few ms, so a save of thousands waits on request latency, not bytes;
 # large files are held to fewer (tierfs.core.filesystem.LARGE_UPLOADS).
 WRITEBACK_UPLOADS = 16
+# The part of its volume's space a file cache sized -1 takes when the write-back journal
+# is on the same volume: the journal needs room for the saves waiting for GCS. (Taking
+# it all, the cache filled the volume to its margin, and a save larger than the margin,
+# 1 GiB at most, failed with ENOSPC once restores and past saves had filled the cache.)
+JOURNAL_SHARE = 0.5
 
 
 def connect(config: Config) -> GcsBucket:
@@ -136,6 +141,9 @@ async def tiers(
     if wanted.ram_bytes > 0:
         chain.append(RamTier(wanted.ram_bytes))
     if wanted.ssd:
+        journal_beside = config["write:write-back"] and await trio.to_thread.run_sync(
+            _same_volume, wanted.cache_dir, settings.writeback_root(config)[1]
+        )
         chain.append(
             await SsdTier.create(
                 Path(wanted.cache_dir),
@@ -145,6 +153,7 @@ async def tiers(
                 include=re.compile(wanted.include) if wanted.include else None,
                 exclude=re.compile(wanted.exclude) if wanted.exclude else None,
                 limiter=limiter,
+                auto_share=JOURNAL_SHARE if journal_beside else 1.0,
             )
         )
     shared = settings.shared(config)
@@ -167,6 +176,14 @@ async def tiers(
             "file-cache:shared-cache-dir) and a size other than 0: no shared cache"
         )
     return chain
+
+
+def _same_volume(first: str, second: str) -> bool:
+    """Whether two existing directories are on one file system."""
+    try:
+        return os.stat(first).st_dev == os.stat(second).st_dev
+    except OSError:
+        return False
 
 
 def _starter(

@@ -125,7 +125,8 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
 
     ``max_bytes``: a byte count, 0 (disabled: nothing is created, every get misses)
     or `AUTO` (the volume's free space plus what the cache already holds, less
-    `safety_margin`, measured by `open`). ``block_size``: the chain's block size
+    `safety_margin`, measured by `open`; times ``auto_share``, less than 1 where a
+    write-back journal shares the volume). ``block_size``: the chain's block size
     (part of every file name; a longer put is a ValueError). ``limiter``: bounds the
     worker threads (None: trio's default limiter). ``max_entries``: bounds the index.
     Call `open` (or build with `create`) before anything else.
@@ -145,6 +146,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         exclude: re.Pattern[str] | None = None,
         limiter: trio.CapacityLimiter | None = None,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        auto_share: float = 1.0,
     ) -> None:
         if max_bytes < AUTO:
             raise ValueError(f"SSD tier size must be -1, 0 or a byte count, not {max_bytes}")
@@ -159,6 +161,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         self._old_directory = self.root / CACHE_DIR_NAME / bucket_hash
         self._requested_bytes = max_bytes
         self._max_bytes = max(max_bytes, 0)
+        self._auto_share = auto_share  # of the space `AUTO` may take (a journal beside it)
         self._max_entries = max_entries
         self._block_size = block_size
         self._include = include
@@ -209,6 +212,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         exclude: re.Pattern[str] | None = None,
         limiter: trio.CapacityLimiter | None = None,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        auto_share: float = 1.0,
     ) -> SsdTier:
         """A tier, opened."""
         tier = cls(
@@ -220,6 +224,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
             exclude=exclude,
             limiter=limiter,
             max_entries=max_entries,
+            auto_share=auto_share,
         )
         await tier.open()
         return tier
@@ -256,7 +261,8 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
         for stem, length, record_size in scan.records:
             self._add(stem, self._footprint(length, record_size))
         if self._requested_bytes == AUTO:
-            self._max_bytes = _auto_capacity(scan.total_bytes, scan.free_bytes, self._used_bytes)
+            room = _auto_capacity(scan.total_bytes, scan.free_bytes, self._used_bytes)
+            self._max_bytes = int(room * self._auto_share)
             if not self._max_bytes:
                 log.warning(
                     "SSD cache %s: no free space left on its volume; the cache stores nothing",
