@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +68,20 @@ def test_install_helper_writes_a_script_that_runs_this_environment(tmp_path: Pat
     effective = json.loads(result.stdout)
     assert (effective["bucket"], effective["mountpoint"]) == ("a-bucket", "/mnt/x")
     assert effective["options"]["implicit-dirs"]["value"] is True
+
+
+def test_install_helper_finds_the_helper_beside_the_tierfs_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A system-wide ``pip install`` puts the scripts in /usr/local/bin, the interpreter
+    being /usr/bin/python3: the helper was looked for beside the interpreter only, and
+    install-helper refused ("missing or not executable")."""
+    python_dir = tmp_path / "usr-bin"
+    python_dir.mkdir()
+    monkeypatch.setattr(sys, "executable", str(python_dir / "python3"))
+    monkeypatch.setattr(sys, "argv", [str(BIN / "tierfs"), "install-helper"])
+    done = install.install_helper(tmp_path / "sbin")
+    assert done.target == BIN / "mount.tierfs"
 
 
 def test_install_helper_is_idempotent(tmp_path: Path) -> None:

@@ -693,3 +693,21 @@ def test_kernel_options_libfuse_refuses_mount_with_a_warning(
         [TIERFS, "unmount", str(mountpoint_dir)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_mount_libfuse_refuses_says_libfuses_reason(
+    mountpoint_dir: Path, bucket_name: str, endpoint_args: list[str]
+) -> None:
+    """``-o fscontext=...`` (SELinux) on a kernel without SELinux: libfuse refuses the mount
+    and says why on the daemon's stderr only; the user saw "fuse_session_mount failed"."""
+    result = subprocess.run(
+        [TIERFS, "mount", *endpoint_args, "-o", "fscontext=x", bucket_name, str(mountpoint_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if result.returncode == 0:  # a kernel with SELinux took it
+        assert tierfs("unmount", str(mountpoint_dir)).returncode == 0
+        return
+    assert "fuse_session_mount failed (fuse: mount failed: " in one_line_error(result)
+    assert_nothing_left(mountpoint_dir)

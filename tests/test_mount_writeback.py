@@ -235,16 +235,22 @@ def test_tmp_then_rename_commits_are_local_before_upload(
     assert stats(mount)["gcs"]["requests"] - requests <= 22 + 4
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs for the journal: a full local disk, really."""
-    path = tmp_path / "tiny"
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` on the new directory ``path``, taken off at the end."""
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
     try:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs for the journal: a full local disk, really."""
+    with tmpfs(tmp_path / "tiny", "4m") as path:
+        yield path
 
 
 def write_too_much(path: Path) -> int | None:
@@ -1086,13 +1092,8 @@ def test_a_directory_whose_placeholder_gcs_cannot_name_is_enametoolong(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs: a cache-dir volume a cache sized -1 can fill."""
-    path = tmp_path / "small"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "64m") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_a_file_cache_sized_to_its_volume_leaves_the_journal_room_for_a_save(

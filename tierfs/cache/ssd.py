@@ -381,6 +381,7 @@ class SsdTier(_Reads, _Seals, _Adopt, _Budget):
             "adopted": self._adopted,
             "passthrough_opens": self._passthrough_opens,
             "passthrough_bytes": self._passthrough_bytes,
+            "slow_reads": self._parts.slow_reads,
         }
 
     # -- whole objects: seal and passthrough --------------------------------------------

@@ -48,6 +48,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import hashlib
 import logging
@@ -174,6 +175,21 @@ def _punch(path: Path, offset: int, length: int) -> None:
                 raise OSError(code, os.strerror(code), str(path))
     finally:
         os.close(fd)
+
+
+def lock_for_life(path: Path) -> int | None:
+    """Hold ``path``'s lock for the life of this process: its descriptor, or None if another
+    process holds it. A POSIX record lock: the kernel drops it when the process ends (kill
+    -9 included), and one process may take it again (the tests' next mounts, in one)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, _FILE_MODE)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        if err.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return None
+    return fd
 
 
 def _make_dir(path: Path) -> None:

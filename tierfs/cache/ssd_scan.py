@@ -11,7 +11,6 @@ Blocking: run in a thread.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from tierfs.cache.ssd_format import (
     _make_dir,
     _object_of,
     _unlink,
+    lock_for_life,
 )
 
 
@@ -127,16 +127,9 @@ def _prepare(root: Path, directory: Path, old_directory: Path) -> _Scan:
 
 
 def _lock(path: Path) -> int:
-    """Hold ``path``'s lock for the life of this process, before anything in the directory
-    is touched; `CacheInUse` if another process holds it. A POSIX record lock, as the
-    write-back journal's: the kernel drops it when the process ends (kill -9 included), and
-    a process may take it again (the tests' next mounts, in one process)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        os.close(fd)
-        if err.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        raise CacheInUse(errno.EBUSY, "used by another tierfs mount of this bucket") from None
+    """Hold ``path``'s lock before anything in the directory is touched (`lock_for_life`);
+    `CacheInUse` if another process holds it."""
+    fd = lock_for_life(path)
+    if fd is None:
+        raise CacheInUse(errno.EBUSY, "used by another tierfs mount of this bucket")
     return fd

@@ -77,8 +77,13 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
                 child.kill()
                 status = child.wait()
             errors.seek(0)
-            last = (errors.read().decode("utf-8", "replace").strip().splitlines() or [""])[-1]
-            raise MountError(message or last or f"the mount daemon exited with status {status}")
+            said = errors.read().decode("utf-8", "replace").strip().splitlines() or [""]
+            # libfuse says why it refused a mount on the daemon's stderr only ("fuse:
+            # unknown option(s): `-o context=...'"); the daemon's own line names no cause.
+            why = [line.strip() for line in said if line.startswith("fuse: ")]
+            if message and why:
+                message = f"{message} ({'; '.join(why[-2:])})"
+            raise MountError(message or said[-1] or f"the mount daemon exited with status {status}")
     try:
         os.stat(mountpoint)
     except OSError as err:

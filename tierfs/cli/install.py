@@ -42,8 +42,15 @@ class Installed:
 
 def console_script() -> Path:
     """The ``mount.tierfs`` console script next to the running interpreter (not resolved:
-    a venv's ``bin/python`` is a symlink to the system interpreter)."""
-    return Path(os.path.abspath(sys.executable)).parent / HELPER_NAME
+    a venv's ``bin/python`` is a symlink to the system interpreter), else next to the
+    running ``tierfs`` script: a system-wide ``pip install`` puts the scripts in
+    /usr/local/bin while the interpreter is /usr/bin/python3."""
+    beside_python = Path(os.path.abspath(sys.executable)).parent / HELPER_NAME
+    running = Path(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None
+    if os.access(beside_python, os.X_OK) or running is None or running.name != "tierfs":
+        return beside_python
+    beside_script = running.parent / HELPER_NAME
+    return beside_script if os.access(beside_script, os.X_OK) else beside_python
 
 
 def helper_text(target: Path) -> str:

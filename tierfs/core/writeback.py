@@ -66,7 +66,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -79,6 +78,7 @@ from typing import Any
 
 import google_crc32c
 
+from tierfs.cache.ssd_format import lock_for_life
 from tierfs.core.deletes import Delete, recover_deletes
 from tierfs.core.dirmove import Move, recover_moves
 from tierfs.core.records import _DIR_MODE, _FILE_MODE, DeleteLog, MoveLog, _fsync_dir, _write_record
@@ -181,22 +181,17 @@ class JournalInUse(OSError):
 
 
 def _lock(path: Path, bucket: str, only_dir: str) -> int:
-    """Hold the journal's lock for the life of this process (a POSIX record lock: the
-    kernel drops it when the process ends, kill -9 included; one process may open the
-    journal again, as the tests' next mounts do); `JournalInUse` if another holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        os.close(fd)
-        if err.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
+    """Hold the journal's lock for the life of this process (`lock_for_life`: a process may
+    open the journal again, as the tests' next mounts do); `JournalInUse` if another
+    holds it."""
+    fd = lock_for_life(path)
+    if fd is None:
         where = f"gs://{bucket}/{only_dir}" if only_dir else f"gs://{bucket}"
         raise JournalInUse(
             errno.EBUSY,
             f"another tierfs mount of {where} uses this write-back journal "
             "(one mount per bucket and only-dir on a cache-dir)",
-        ) from None
+        )
     return fd
 
 
