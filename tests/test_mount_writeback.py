@@ -1120,3 +1120,19 @@ def test_a_file_cache_sized_to_its_volume_leaves_the_journal_room_for_a_save(
     (mount.path / "saved.bin").write_bytes(saved)
     assert tierfs_sync(mount).returncode == 0
     assert gcs_client.bucket(bucket_name).blob("saved.bin").download_as_bytes() == saved
+
+
+def test_tierfs_sync_leaves_a_file_still_being_written_to_its_close(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, tmp_path: Path
+) -> None:
+    """`tierfs sync` (and SIGTERM, which runs the same) while a writer is mid-file: the file
+    was uploaded half written. It goes up whole at its close."""
+    mount = mount_factory("--write-back", HOLD, f"--cache-dir={tmp_path / 'cache'}")
+    with open(mount.path / "ckpt", "wb") as writer:
+        writer.write(b"first half, ")
+        writer.flush()
+        assert tierfs_sync(mount).returncode == 0
+        assert objects(gcs_client, bucket_name) == {}
+        writer.write(b"then the rest")
+    assert tierfs_sync(mount).returncode == 0
+    assert objects(gcs_client, bucket_name) == {"ckpt": b"first half, then the rest"}

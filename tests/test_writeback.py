@@ -1005,8 +1005,8 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
     """The kernel's writes to a file it writes directly (FUSE passthrough) do not wait for
-    an upload, so a writer that had the file open before an upload of it began (``tierfs
-    sync``, an fsync) and writes while it is sent gives the server other bytes than its
+    an upload, so a writer that had the file open before an upload of it began (an fsync
+    with ``write:fsync-to-gcs``) and writes while it is sent gives the server other bytes than its
     checksum was taken of. (An open for writing after the upload began, and a write that
     reaches the daemon, wait for it: `test_writeback_filerename.py::
     test_a_file_opened_for_writing_during_its_upload_never_goes_up_torn`,
@@ -1020,7 +1020,9 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
 
     bucket = SendsWhatItReads("wb")
     fs = Filesystem(
-        bucket, Settings(temp_dir=str(tmp_path)), journal=Journal(tmp_path / "cache", "wb")
+        bucket,
+        Settings(temp_dir=str(tmp_path), fsync_to_gcs=True),
+        journal=Journal(tmp_path / "cache", "wb"),
     )
     fs.background = Background(nursery)
     ino = await write_new(fs, "b", old)
@@ -1036,7 +1038,7 @@ async def test_a_file_rewritten_while_its_upload_is_sent_is_uploaded_again_over_
 
     bucket.during_send = rewrite
     with pytest.raises(UploadedOtherBytes):
-        await fs.sync_all()
+        await fs.fsync(writer.fh)
     assert bucket.get("b") not in (old, new)  # the mix the emulator kept
     nursery.start_soon(fs.run_uploads, 2, 0.05)
     await fs.release(rewritten[0])
@@ -1322,3 +1324,75 @@ async def test_a_finished_move_leaves_the_journal_durably(
     synced.clear()
     moves.end(move)
     assert synced == [(moves.dir, [])]  # (before: no sync at all)
+
+
+@pytest.mark.parametrize("which", ["reopened with O_TRUNC", "new"])
+async def test_sync_at_sigterm_never_uploads_a_file_still_being_written(
+    make_fs: Callable[[], Filesystem], bucket: MemoryBucket, which: str
+) -> None:
+    """SIGTERM (and ``tierfs sync``) runs sync_all while the application, signalled too,
+    may be mid-write: the open file was uploaded half written and, for one closed before,
+    the journal then dropped the closed version's record. Open files wait for their close;
+    the closed version's record stays for the next mount."""
+    fs = make_fs()
+    handle, inode = await fs.create(ROOT_INO, "ckpt", os.O_WRONLY)
+    if which == "reopened with O_TRUNC":
+        await fs.write(handle.fh, 0, b"v1 complete checkpoint")
+        await fs.release(handle.fh)
+        handle = await fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC)
+    await fs.write(handle.fh, 0, b"v2 half")
+    assert await fs.sync_all() is True
+    assert bucket.names() == []
+    assert fs.journal is not None
+    pending = [record.object for record in fs.journal.pending()]
+    assert pending == (["ckpt"] if which != "new" else [])
+    await fs.write(handle.fh, 7, b", then whole")
+    await fs.release(handle.fh)
+    await fs.sync_all()
+    assert bucket.get("ckpt") == b"v2 half, then whole"
+    assert fs.journal.pending() == []
+
+
+def _record_file(journal: Journal, record_id: str, name: str, data: bytes | None) -> None:
+    """A committed record in a file (no attributes), with its data file unless None."""
+    mtime_ns = 0
+    if data is not None:
+        journal.data_path(record_id).write_bytes(data)
+        mtime_ns = journal.data_path(record_id).stat().st_mtime_ns
+    record = Record(record_id, name, 0, size=-1 if data is None else len(data), mtime_ns=mtime_ns)
+    records_module._write_record(journal.record_path(record_id), vars(record))
+
+
+async def test_a_record_whose_data_went_is_dropped_and_holds_nothing_back(
+    tmp_path: Path, bucket: MemoryBucket
+) -> None:
+    """Records in files: `discard` unlinks the data, then the record; a kill -9 between the
+    two left a record without data, a failed upload at every mount, which held back the
+    directory move covering it at every mount too."""
+    bucket.put("t/", b"")
+    bucket.put("t/x", b"x")
+    journal = Journal(tmp_path / "c", "wb", xattrs=False)
+    _record_file(journal, "abc", "t/x", None)
+    journal.moves.begin("t/", "final/")
+    again = Journal(tmp_path / "c", "wb", xattrs=False)
+    result = await again.recover(bucket, trio.to_thread.run_sync)
+    assert result.failed == []
+    assert sorted(bucket.names()) == ["final/", "final/x"]
+    assert again.pending() == []
+
+
+async def test_recovery_with_gcs_down_stops_at_the_first_upload_that_fails(
+    tmp_path: Path, bucket: MemoryBucket
+) -> None:
+    """GCS down at mount: each record waited its own retry deadline (120 s) before the mount
+    served: 2,000 records, 66 hours. After the first, the rest wait for the next mount."""
+    journal = Journal(tmp_path / "c", "wb", xattrs=False)
+    for i in range(20):
+        _record_file(journal, f"r{i:02d}", f"o{i}", b"d")
+    bucket.fail_next("*", BackendError("503, retries used up"), count=1000)
+    again = Journal(tmp_path / "c", "wb", xattrs=False)
+    result = await again.recover(bucket, trio.to_thread.run_sync)
+    assert len(result.failed) == 20
+    assert sum(1 for _, why in result.failed if why.startswith("not tried: ")) == 19
+    assert bucket.statistics()["uploads"] == 0
+    assert len(again.pending()) == 20  # kept for the next mount

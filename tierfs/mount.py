@@ -375,7 +375,10 @@ async def _on_signals(fs: Filesystem, signalled: trio.Event) -> None:
         async for signum in signals:
             log.info("%s: uploading pending writes, then unmounting", signal.Signals(signum).name)
             try:
-                await fs.sync_all()
+                # With write-back the journal keeps what GCS does not take now: stop at the
+                # first upload that fails its retries (else each pending file waited its own
+                # retry deadline, 120 s, and Kubernetes' grace period ended in a SIGKILL).
+                await fs.sync_all(stop_at_failure=fs.journal is not None)
             except Exception as err:
                 log.error("pending writes could not be uploaded: %s", err)
             signalled.set()

@@ -107,10 +107,21 @@ class Lifecycle(_Base):
                 if inode.open_handles == 0:
                     self._retire(inode)
 
+        # With write-back, a file open for writing is left to its close: what it holds is
+        # not what a close committed (SIGTERM reaches the writer too). It was uploaded
+        # half written, and the journal then let go of the version its last close had
+        # committed. Without write-back, sync is fsync's: what the file holds now.
+        writing = (
+            {id(h.inode) for h in self.files.values() if h.writable}
+            if self.journal is not None
+            else set()
+        )
         with stop:
             async with trio.open_nursery() as nursery:
                 for inode in list(self.inodes.by_ino.values()):
                     if path and inode.path != path and not inode.path.startswith(path + "/"):
+                        continue
+                    if id(inode) in writing:
                         continue
                     if inode.staged is not None and inode.staged.dirty and not inode.unlinked:
                         nursery.start_soon(one, inode)

@@ -82,7 +82,7 @@ from tierfs.cache.ssd_format import lock_for_life
 from tierfs.core.deletes import Delete, recover_deletes
 from tierfs.core.dirmove import Move, recover_moves
 from tierfs.core.records import _DIR_MODE, _FILE_MODE, DeleteLog, MoveLog, _fsync_dir, _write_record
-from tierfs.errors import NotFound, PreconditionFailed
+from tierfs.errors import BackendError, NotFound, PreconditionFailed, UploadedOtherBytes
 from tierfs.storage import Bucket, ObjectInfo
 
 log = logging.getLogger("tierfs.writeback")
@@ -423,12 +423,25 @@ class Journal:
         for path in await run(self.uncommitted):
             await run(path.unlink, True)
             result.uncommitted += 1
+        down: BackendError | None = None
         for record in await run(self.pending):
+            if down is not None:  # one upload used up its retries: GCS is down, not it
+                result.failed.append((record.object, f"not tried: {down}"))
+                continue
             try:
                 outcome = await self._recover_one(bucket, run, record)
+            except FileNotFoundError:
+                # Its data file went and its record stayed (a discard cut between its two
+                # unlinks, with records in files): uploaded or unlinked before. Counted as
+                # failed, it held back every later mount's renames and deletes of it.
+                await run(self.discard, record.id)
+                log.warning("write-back: a record of gs://%s had no data; dropped", record.object)
+                continue
             except Exception as err:  # GCS down: keep the record for the next mount
                 result.failed.append((record.object, str(err)))
                 log.error("write-back: gs://%s still not uploaded: %s", record.object, err)
+                if isinstance(err, BackendError) and not isinstance(err, UploadedOtherBytes):
+                    down = err  # (each further record would wait its own retry deadline)
                 continue
             if outcome == "uploaded":
                 result.uploaded.append(record.object)
