@@ -12,7 +12,9 @@ import trio.testing
 
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
+from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import DOWNLOAD_COPIES, Blocks
+from tierfs.core.keptlast import LAST_KEPT
 from tierfs.storage import Into
 from tierfs.storage.memory import MemoryBucket
 
@@ -211,3 +213,27 @@ async def test_a_fill_seals_only_once_a_readers_fetch_has_stored_its_block() -> 
         assert ssd.seals == []  # the fill waits for block 0's store
         ssd.gate.set()
     assert ssd.seals == [True]
+
+
+async def test_files_left_open_after_one_read_keep_at_most_a_few_blocks() -> None:
+    """A data loader reads each shard's header and keeps the files open: each kept the
+    block it read for as long as it stayed open, beyond the RAM tier once the tier evicted
+    it (64 files: 56 MiB past an 8 MiB tier, in 1 MiB blocks). At most `LAST_KEPT` do."""
+    bucket = MemoryBucket("b")
+    ram = RamTier(8 * BLOCK)
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    readers = []
+    for i in range(64):
+        data = os.urandom(2 * BLOCK)
+        generation = bucket.put(f"f{i}", data).generation
+        reader = BlockReader(
+            blocks, f"f{i}", generation, len(data), spawn=None, max_ahead_bytes=BLOCK
+        )
+        assert bytes(await reader.read(0, 4096)) == data[:4096]
+        readers.append((reader, data))
+    kept = [reader for reader, _ in readers if reader._last is not None]
+    assert len(kept) == LAST_KEPT
+    for reader, data in readers:  # each reads on as before, its block from the tiers or GCS
+        assert bytes(await reader.read(4096, 8192)) == data[4096:12288]
+        reader.close()
+    assert len(blocks.kept_last) == 0

@@ -155,7 +155,11 @@ class BlockReader:
             # Gone past the block before, in order: in RAM it is the first to go.
             self.blocks.went_past(BlockKey(self.name, self.generation, index - 1))
         self._last = (index, data)
+        self.blocks.kept_last.keeps(self)
         return data
+
+    def let_go_of_last(self) -> None:
+        self._last = None
 
     def _plan(self, offset: int, last: int) -> None:
         """Start background work: a whole-object fill, or sequential read-ahead."""
@@ -208,6 +212,7 @@ class BlockReader:
 
     def close(self) -> None:
         self._last = None
+        self.blocks.kept_last.gone(self)
         self.blocks.read_ahead_unread += len(self._unread)  # what read-ahead cost for nothing
         self._unread.clear()
         if self._pacing:

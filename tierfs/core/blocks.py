@@ -35,6 +35,7 @@ from tierfs.cache import BlockKey, Data, Tier
 from tierfs.cache.buffers import SPARE as SPARE_BUFFERS
 from tierfs.cache.buffers import BlockBuffers
 from tierfs.cache.ssd import Passthrough
+from tierfs.core.keptlast import KeptLast
 from tierfs.core.pace import Paces
 from tierfs.core.randomreads import PIECE_BYTES, _RandomReads
 from tierfs.errors import NotFound, root_cause
@@ -116,6 +117,7 @@ class Blocks(_RandomReads):
         # Where downloaded blocks land: aligned, reused (`tierfs.cache.buffers`), as many
         # kept as the RAM tier has room for (`_buffers_kept`).
         self.buffers = BlockBuffers(block_size, keep=self._buffers_kept)
+        self.kept_last = KeptLast()  # open files' last blocks (`tierfs.core.keptlast`)
         self._inflight: dict[BlockKey, _Flight] = {}
         self._filling: set[tuple[str, int]] = set()
         # Where each object's readers are, which its fill keeps pace with.
