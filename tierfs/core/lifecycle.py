@@ -107,12 +107,13 @@ class Lifecycle(_Base):
                 if inode.open_handles == 0:
                     self._retire(inode)
 
-        # With write-back, a file open for writing is left to its close: what it holds is
-        # not what a close committed (SIGTERM reaches the writer too). It was uploaded
-        # half written, and the journal then let go of the version its last close had
-        # committed. Without write-back, sync is fsync's: what the file holds now.
+        # With write-back, a file open for writing and written since its last commit (a
+        # close of a dup, an fsync) is left to its close: it holds no version a close
+        # committed (SIGTERM reaches the writer too). It was uploaded half written, and
+        # the journal then let go of the version its last close had committed. Without
+        # write-back, sync is fsync's: what the file holds now.
         writing = (
-            {id(h.inode) for h in self.files.values() if h.writable}
+            {id(h.inode) for h in self.files.values() if h.writable and not _clean(h.inode)}
             if self.journal is not None
             else set()
         )
@@ -191,3 +192,10 @@ class Lifecycle(_Base):
                 inode.staged = None
 
     # -- helpers --------------------------------------------------------------------------------
+
+
+def _clean(inode: Inode) -> bool:
+    """Whether the file holds what was last committed (the kernel's direct writes are
+    seen only by their writer's lock holder: a file written directly is not taken as so)."""
+    staged = inode.staged
+    return staged is not None and staged.committed and not staged.direct
