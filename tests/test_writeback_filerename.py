@@ -574,3 +574,34 @@ async def test_a_name_another_client_writes_while_a_rename_moves_onto_it_stays_t
     await settle_moves(fs)
     assert bucket.get("b") == b"theirs, written after the rename"
     assert bucket.get("a") == b"mine"
+
+
+async def test_a_file_another_client_replaced_before_its_directory_moved_reads_stale(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A file open for reading while a background directory rename moves it, its object
+    replaced by another client before the move listed it: the handle followed the copy of
+    the other client's object, and read its bytes cut to the old size. ESTALE, as for any
+    handle whose file another client replaced."""
+    bucket = MemoryBucket("wb")
+    bucket.put("d/", b"")
+    bucket.put("d/x", b"o" * 4000)
+    fs = Filesystem(
+        bucket,
+        Settings(temp_dir=str(tmp_path), implicit_dirs=True),
+        journal=Journal(tmp_path / "cache", "wb"),
+    )
+    fs.background = Background(nursery)
+    directory = await fs.lookup(ROOT_INO, "d")
+    inode = await fs.lookup(directory.ino, "x")
+    handle = await fs.open(inode.ino, os.O_RDONLY)
+    bucket.put("d/x", b"n" * 6000)  # another client
+    await fs.rename(ROOT_INO, "d", ROOT_INO, "e", 0)
+    with trio.fail_after(30):
+        while fs.pending_moves:
+            await trio.sleep(0.01)
+    assert bucket.get("e/x") == b"n" * 6000  # theirs, moved with the directory
+    with pytest.raises(PreconditionFailed):
+        await fs.read(handle.fh, 0, 4000)
+    await fs.release(handle.fh)
+    fs.close()

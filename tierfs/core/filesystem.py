@@ -71,7 +71,7 @@ from tierfs.errors import (
     ReadOnly,
     root_cause,
 )
-from tierfs.storage import Bucket
+from tierfs.storage import Bucket, ObjectInfo
 
 log = logging.getLogger("tierfs.fs")
 NEVER_S = 10.0 * 365 * 24 * 3600  # "-1 = never expires" as a kernel timeout
@@ -385,9 +385,9 @@ class Filesystem(
                     raise
                 if inode.remote is not None:  # moved before this inode knew: ask the new name
                     with contextlib.suppress(NotFound):
-                        self._moved_to(
-                            inode, await self.bucket.stat(self.names.file_object(inode.path))
-                        )
+                        found = await self.bucket.stat(self.names.file_object(inode.path))
+                        if _same_bytes(found, inode):  # (not another client's object)
+                            self._moved_to(inode, found)
                 if reader.generation == inode.generation:
                     break  # not moved: the generation this inode stands for is gone
         # Changed or deleted elsewhere.
@@ -464,3 +464,11 @@ class Filesystem(
     @staticmethod
     def _lock(inode: Inode) -> trio.Lock:
         return inode.lock
+
+
+def _same_bytes(found: ObjectInfo, inode: Inode) -> bool:
+    """Whether ``found`` (a copy made by a rename) holds what ``inode`` stands for: its size,
+    and its CRC32C where both are known."""
+    if found.size != inode.size:
+        return False
+    return not (found.crc32c and inode.crc32c) or found.crc32c == inode.crc32c

@@ -226,10 +226,12 @@ class Renames(_Base):
 
     def _object_moved(self, source: ObjectInfo, copy: ObjectInfo) -> None:
         """One object of a background rename is under its new name (its old one is deleted
-        next): the inode reading it reads the copy from now on."""
+        next): the inode reading it reads the copy from now on, if the copy is of the
+        generation it stands for (another client's, written under the old name since, is
+        not: its reads find theirs gone, ESTALE)."""
         inode = self._remote_readers.pop(source.name, None)
         if inode is not None:
-            self._moved_to(inode, copy)
+            self._moved_to(inode, copy if source.generation == inode.generation else None)
 
     def _moved_to(self, inode: Inode, copy: ObjectInfo | None) -> None:
         if inode.remote is None:
