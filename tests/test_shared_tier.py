@@ -102,6 +102,15 @@ async def test_a_torn_or_rotten_block_is_never_served(tmp_path: Path, damage: st
     assert await a.get(key) == block(9)
 
 
+async def waiting(tier: SharedTier) -> None:
+    """Until ``tier`` waits for another node's claim. The autojump clock also jumps while
+    a task waits for a worker thread: without this, the other node's download could end
+    before this one even looked, and nothing would have been waited for. (Checkpoints, not
+    sleeps: a task that never blocks keeps the clock where it is.)"""
+    while not tier.statistics()["waits"]:
+        await trio.lowlevel.checkpoint()
+
+
 async def test_a_reader_waits_for_the_block_another_node_is_fetching(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -118,6 +127,7 @@ async def test_a_reader_waits_for_the_block_another_node_is_fetching(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader)
+        await waiting(b)
         await trio.sleep(3)  # a's download takes 3 s
         await a.put(key, block(5))
         await a.fetched(key)
@@ -160,9 +170,11 @@ async def test_a_failed_fetch_lets_the_waiting_node_go_at_once(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader)
+        await waiting(b)
         await trio.sleep(1)
         await a.fetched(key)  # the download failed: nothing published
     assert got == [None]
+    assert b.statistics()["waits"] == 1
     assert trio.current_time() - start < 2
 
 
