@@ -74,7 +74,7 @@ clean:
 # rclone, the GCS client used directly, local disk and tmpfs, on the embedded emulator,
 # plain and through a GCS-shaped link. bench-quick: small sizes, under 3 minutes.
 BENCH_STAMP := $(VENV)/.bench-installed
-BENCH_PKGS := rclone fio
+BENCH_PKGS := fio
 .PHONY: bench bench-quick bench-deps bench-shared
 
 bench-deps: $(STAMP)

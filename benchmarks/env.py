@@ -52,6 +52,65 @@ EMULATOR_RSS_LIMIT = 8 << 30  # restarted before a workload past this (`emulator
 PROFILES = ("plain", "shaped")
 
 
+def started_at(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat field 22);
+    None if there is no such process. A PID and its start time name one process: a PID
+    alone may be a later, unrelated one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return int(fields[19])
+
+
+def mounts_below(root: Path) -> list[str]:
+    """Mountpoints at or below ``root`` (/proc/self/mounts; octal escapes undone), deepest
+    first."""
+    found = []
+    top = str(root).rstrip("/") + "/"
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 1:
+                point = fields[1].encode().decode("unicode_escape")
+                if (point + "/").startswith(top):
+                    found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+class Pids:
+    """The processes a run started, each by PID and start time, killed at `Env.close` at
+    the latest: only while each is still the one started (a run mounts dozens of times,
+    and a PID freed long ago may name another process by then)."""
+
+    def __init__(self) -> None:
+        self._started: dict[int, int] = {}
+
+    def add(self, pid: int) -> None:
+        start = started_at(pid)
+        if start is not None:
+            self._started[pid] = start
+
+    def update(self, pids: list[int]) -> None:
+        for pid in pids:
+            self.add(pid)
+
+    def discard(self, pid: int) -> None:
+        self._started.pop(pid, None)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._started
+
+    def kill(self, pids: list[int] | None = None) -> None:
+        """SIGKILL ``pids`` (default: all), those still the processes recorded; forget them."""
+        for pid in list(self._started) if pids is None else pids:
+            start = self._started.pop(pid, None)
+            if start is not None and started_at(pid) == start:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 @dataclass(frozen=True)
 class Sizes:
     """Every size a workload uses; `QUICK` and `FULL` are the two sets."""
@@ -185,7 +244,7 @@ class Env:
         self._undo: list[Callable[[], None]] = []
         self._bucket_serial = 0
         self._materialized: set[tuple[Path, str]] = set()
-        self.pids: set[int] = set()
+        self.pids = Pids()
         self.emulator: Emulator | None = None
         self.proxy: ShapingProxy | None = None
         self.admin: Direct | None = None
@@ -305,10 +364,11 @@ class Env:
         for direct in self._direct.values():
             direct.close()
         self._direct.clear()
-        for pid in sorted(self.pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.pids.clear()
+        self.pids.kill()
+        for mountpoint in mounts_below(self.root):  # a close interrupted half-way left it
+            subprocess.run(
+                ["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True
+            )
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- endpoints and clients ---------------------------------------------------------

@@ -158,80 +158,49 @@ class SeqRead(Workload):
 
 # -- 5. random reads -------------------------------------------------------------------------
 
-
-def _python_random_reads(
-    read: Callable[[int, int], bytes],
-    want: memoryview,
-    block: int,
-    seconds: float,
-    seed: int,
-    offsets: list[int] | None = None,
-) -> tuple[int, float]:
-    """QD1 random aligned reads for ``seconds``, each verified; (count, elapsed). The
-    offsets read are appended to ``offsets`` if given."""
-    rng = random.Random(seed)
-    slots = len(want) // block
-    count = 0
-    start = time.monotonic()
-    deadline = start + seconds
-    while True:
-        offset = rng.randrange(slots) * block
-        data = read(offset, block)
-        check_small("random read", offset, data, want[offset : offset + block])
-        count += 1
-        if offsets is not None:
-            offsets.append(offset)
-        if time.monotonic() >= deadline:
-            return count, time.monotonic() - start
+# Regions each random-read pass reads, distinct, in one seeded order that every system
+# reads alike (`regions`). Why a fixed list and not "for 8 s": a time-based pass over a
+# 1 GiB object reads a fast system's regions many times over (38,000 reads of 1,024
+# slots of 1 MiB), so its "cold" rate was mostly the page cache's, and its second touch
+# replayed a set whose size was the speed of its first (394 regions for one system, all
+# 1,024 for another). 200 MiB of 1 MiB regions fit the default RAM tier (256 MiB); so do
+# 5,000 4 KiB regions and the pieces around them.
+REGIONS = {4096: 5000, 1 << 20: 200}
+REGIONS_QUICK = {4096: 500, 1 << 20: 16}
+VERIFIED = 64  # regions read again by Python after the timed passes, each checked
 
 
-# Regions a second touch reads again: the first this many distinct ones the first touch
-# read. Why distinct and capped: a system with a faster first touch read more regions in
-# its 8 s, and more of them twice; after the page cache is dropped, a region's second
-# read in the replay is a page-cache hit whatever the system kept, so the replay measured
-# how fast the first touch was (rclone: ~120,000 reads, about a fifth repeats, 18,000 IOPS
-# again, against 8,900-9,900 for the same system replaying 60,000-120,000 regions once;
-# the null file system 54,000 against 17,000-20,000). Each system now reads again the same
-# number of regions, once each (fewer only where its first touch read fewer).
-REPLAY_REGIONS = 5000
+def regions(size: int, block: int, count: int, seed: int = 5) -> list[int]:
+    """``count`` distinct block-aligned offsets of an object of ``size``, in a seeded order."""
+    slots = size // block
+    return [slot * block for slot in random.Random(seed).sample(range(slots), min(count, slots))]
 
 
-def _replay(
-    read: Callable[[int, int], bytes], want: memoryview, block: int, offsets: list[int]
-) -> tuple[int, float, float]:
-    """The regions of ``offsets`` read again, each once (`REPLAY_REGIONS`), verified:
-    how many, the seconds taken, and the slowest read's. (A second touch from memory is
-    ~340 reads in ~30 ms on the shaped link: one stall anywhere halves it; the slowest
-    read says whether one did.)"""
-    offsets = list(dict.fromkeys(offsets))[:REPLAY_REGIONS]
-    slowest = 0.0
-    start = time.monotonic()
-    for offset in offsets:
-        began = time.monotonic()
-        data = read(offset, block)
-        slowest = max(slowest, time.monotonic() - began)
-        check_small("random read again", offset, data, want[offset : offset + block])
-    return len(offsets), max(time.monotonic() - start, 1e-9), slowest
+def _iolog(log: Path, path: Path, offsets: list[int], block: int) -> Path:
+    """A fio iolog (version 2) that reads ``offsets`` of ``path`` in order, once each."""
+    lines = ["fio version 2 iolog", f"{path} add", f"{path} open"]
+    lines += [f"{path} read {offset} {block}" for offset in offsets]
+    lines.append(f"{path} close")
+    log.write_text("\n".join(lines) + "\n")
+    return log
 
 
-def _fio(path: Path, block: int, size: int, seconds: float) -> dict[str, Any]:
+def _fio(log: Path, seconds: float) -> dict[str, Any]:
+    """Replay ``log`` at QD1 (psync, buffered), as fast as it goes, for at most ``seconds``.
+    ``--invalidate``: the file's own pages are dropped first (the tiers below keep theirs,
+    page cache included, as they would for a user)."""
     result = subprocess.run(
         [
             "fio",
             "--name=randread",
-            f"--filename={path}",
+            f"--read_iolog={log}",
+            "--replay_no_stall=1",
             "--readonly",
-            "--rw=randread",
-            f"--bs={block}",
             "--ioengine=psync",
             "--iodepth=1",
             "--numjobs=1",
-            f"--size={size}",
-            "--time_based",
             f"--runtime={max(1, round(seconds))}",
             "--invalidate=1",
-            "--norandommap",
-            "--randrepeat=0",
             "--output-format=json",
         ],
         capture_output=True,
@@ -243,23 +212,47 @@ def _fio(path: Path, block: int, size: int, seconds: float) -> dict[str, Any]:
     text = result.stdout[result.stdout.index("{") :]
     job = json.loads(text)["jobs"][0]["read"]
     if job.get("io_bytes", 0) == 0:
-        raise RuntimeError(f"fio read nothing from {path}")
-    return {"iops": float(job["iops"]), "bw_bytes": float(job["bw_bytes"])}
+        raise RuntimeError(f"fio read nothing through {log}")
+    return {"iops": float(job["iops"]), "ios": int(job["total_ios"])}
+
+
+def _timed_reads(
+    read: Callable[[int, int], bytes | memoryview],
+    want: memoryview,
+    block: int,
+    offsets: list[int],
+    seconds: float,
+) -> tuple[int, float, float]:
+    """QD1 reads of ``offsets`` in order, each checked outside its timing, for at most
+    ``seconds``: (reads, seconds spent reading, slowest read)."""
+    spent = slowest = 0.0
+    count = 0
+    for offset in offsets:
+        began = time.monotonic()
+        data = read(offset, block)
+        took = time.monotonic() - began
+        spent += took
+        slowest = max(slowest, took)
+        count += 1
+        check_small("random read", offset, data, want[offset : offset + block])
+        if spent >= seconds:
+            break
+    return count, max(spent, 1e-9), slowest
 
 
 class RandRead(Workload):
     """Random 4 KiB and 1 MiB reads (QD1) over one large object, each from a cold mount.
 
-    fio (psync, QD1, buffered, time-based) measures where it is installed, then a
-    short Python pass of the same pattern verifies the bytes; without fio the
-    verifying Python loop is the measurement. The direct client runs the same QD1
-    pattern as ranged GETs.
-
-    ``.again``: a second touch of the same regions. A seeded Python pass reads for the
-    same time, the kernel's page cache is dropped, and the first `REPLAY_REGIONS`
-    distinct regions it read are read again, once each:
-    what a system kept of its first reads (rclone's chunks, tierfs's pieces) shows here;
-    the direct client keeps nothing.
+    Every system reads the same list of distinct regions (`REGIONS`, one seeded order;
+    a pass stops early after ``rand_seconds`` on a slow link), then, as ``.again``, the
+    same regions again in the same order: what a system kept of its first reads
+    (rclone's chunks, tierfs's pieces and blocks) shows there; the direct client keeps
+    nothing. Between the two only the file's own pages are dropped (fio
+    ``--invalidate``): a tier on local disk keeps its page cache, as it would for a user.
+    fio replays the list (an iolog; psync, QD1, buffered) where it is installed, Python
+    ``pread`` otherwise; the direct client runs ranged GETs. Every system's bytes are
+    checked: the first `VERIFIED` regions are read again and compared after the passes
+    (the direct client checks each read, outside its timing).
     """
 
     name = "rand"
@@ -275,20 +268,25 @@ class RandRead(Workload):
         env, sizes, system = cell.env, cell.sizes, cell.system
         name = "rand/blob"
         want = env.data_objects[name]
+        counts = REGIONS_QUICK if sizes.rand_object_bytes < REGIONS[1 << 20] << 20 else REGIONS
         for key, block in (("rand.4k", 4096), ("rand.1m", 1 << 20)):
+            offsets = regions(len(want), block, counts[block])
             if system.kind == "direct":
                 direct = cell.direct
+                buffer = memoryview(bytearray(block))  # reused: no copy in the timed read
 
-                def ranged(offset: int, length: int, direct: Any = direct) -> bytes:
-                    return bytes(direct.read_range(DATA_BUCKET, name, offset, length))
+                def ranged(
+                    offset: int, length: int, direct: Any = direct, buffer: memoryview = buffer
+                ) -> memoryview:
+                    return buffer[: direct.read_range_into(DATA_BUCKET, name, offset, buffer)]
 
-                count, elapsed = _python_random_reads(ranged, want, block, sizes.rand_seconds, 1)
-                self._record(cell, key, block, count / elapsed, "ranged GETs, QD1")
-                offsets: list[int] = []
-                _python_random_reads(ranged, want, block, sizes.rand_seconds, 5, offsets)
-                count, took, slowest = _replay(ranged, want, block, offsets)
-                note = f"ranged GETs, QD1, {count} regions"
-                self._record(cell, f"{key}.again", block, count / took, note, slowest)
+                for suffix in ("", ".again"):
+                    count, took, slowest = _timed_reads(
+                        ranged, want, block, offsets, sizes.rand_seconds
+                    )
+                    offsets = offsets[:count]
+                    note = f"ranged GETs, QD1, {count} regions"
+                    self._record(cell, key + suffix, block, count / took, note, slowest)
                 continue
             root = system.mount(DATA_BUCKET, fresh=True)
             assert root is not None
@@ -300,19 +298,24 @@ class RandRead(Workload):
                     data: bytes = os.pread(stream.fileno(), length, offset)
                     return data
 
-                if shutil.which("fio"):
-                    result = _fio(path, block, len(want), sizes.rand_seconds)
-                    _python_random_reads(read, want, block, min(0.25, sizes.rand_seconds), 2)
-                    self._record(cell, key, block, result["iops"], "fio psync QD1 buffered")
-                else:
-                    count, elapsed = _python_random_reads(read, want, block, sizes.rand_seconds, 1)
-                    self._record(cell, key, block, count / elapsed, "python pread QD1")
-                offsets = []
-                _python_random_reads(read, want, block, sizes.rand_seconds, 5, offsets)
-                env.drop_caches()
-                count, took, slowest = _replay(read, want, block, offsets)
-                note = f"python pread QD1, {count} regions read once each"
-                self._record(cell, f"{key}.again", block, count / took, note, slowest)
+                for suffix in ("", ".again"):
+                    if shutil.which("fio"):
+                        log = _iolog(env.root / f"rand-{block}.iolog", path, offsets, block)
+                        result = _fio(log, sizes.rand_seconds)
+                        offsets = offsets[: result["ios"]]
+                        note = f"fio iolog replay, psync QD1 buffered, {result['ios']} regions"
+                        self._record(cell, key + suffix, block, result["iops"], note)
+                    else:
+                        count, took, slowest = _timed_reads(
+                            read, want, block, offsets, sizes.rand_seconds
+                        )
+                        offsets = offsets[:count]
+                        note = f"python pread QD1, {count} regions"
+                        self._record(cell, key + suffix, block, count / took, note, slowest)
+                for offset in offsets[:VERIFIED]:
+                    check_small(
+                        "random read", offset, read(offset, block), want[offset : offset + block]
+                    )
 
     @staticmethod
     def _record(

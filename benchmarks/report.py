@@ -28,6 +28,7 @@ from typing import Any
 
 from benchmarks.catalog import WORKLOADS
 from benchmarks.runner import Record, Runner
+from benchmarks.systems import rclone_binary
 from benchmarks.workloads import Metric
 
 TIERFS_VARIANTS = ("tierfs", "tierfs-ckpt")
@@ -70,10 +71,9 @@ def machine() -> dict[str, str]:
         + ([f"rotational={fields[1]}"] if len(fields) > 1 else [])
         + ([fields[2]] if len(fields) > 2 else [])
     )
+    rclone = rclone_binary()
     versions = {
-        "rclone": (_run(["rclone", "version"]).splitlines() or [""])[0]
-        if shutil.which("rclone")
-        else "",
+        "rclone": (_run([rclone, "version"]).splitlines() or [""])[0] if rclone else "",
         "fio": _run(["fio", "--version"]) if shutil.which("fio") else "",
     }
     return {
@@ -314,7 +314,8 @@ def markdown(tables: Sequence[Table], meta: dict[str, Any]) -> str:
     out.append("")
     out.append(
         "Order: each workload measures the systems in the order of the columns, the next one"
-        " in the reverse order, so that no system is always measured first."
+        " in the reverse order, and each profile flips the order of the one before, so that"
+        " no system is always measured first."
     )
     return "\n".join(out) + "\n"
 

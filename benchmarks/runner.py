@@ -55,7 +55,9 @@ def cell_order(systems: list[str], turn: int) -> list[str]:
     """The systems in the order the ``turn``-th workload measures them: as given, then
     reversed, in turn. The emulator and the disk drift during a run (the emulator's first
     large upload is its slowest; a daemon's SSD copy and the page cache's writeback outlive
-    its cell), so no system should always be measured first, or right after another."""
+    its cell), so no system should always be measured first, or right after another. The
+    turn counts on across profiles (`Runner.run`): a workload measured in column order on
+    the plain link is measured in reverse on the shaped one."""
     return list(systems) if turn % 2 == 0 else list(reversed(systems))
 
 
@@ -95,7 +97,7 @@ class Runner:
                 if why is not None:
                     self.log(f"[{profile}] before {workload_name}: restarting the emulator ({why})")
                     self.env.restart_emulator()
-                for system_name in cell_order(self.systems, turn):
+                for system_name in cell_order(self.systems, turn + index):
                     system_cls = SYSTEMS[system_name]
                     if system_cls.only and workload_name not in system_cls.only:
                         continue

@@ -19,6 +19,7 @@ import pytest
 from benchmarks import shared_restore
 from benchmarks.__main__ import _command
 from benchmarks.data import NotApplicable, WrongBytes, check_small, equal
+from benchmarks.env import Pids, mounts_below
 from benchmarks.runner import Runner, cell_order
 from benchmarks.saves import commit
 from benchmarks.systems import System
@@ -44,6 +45,25 @@ def test_the_systems_are_measured_in_turn_first_and_last() -> None:
     assert cell_order(systems, 1) == ["local", "gcs-direct", "tierfs-wb"]
     assert cell_order(systems, 2) == systems
     assert systems == ["tierfs-wb", "gcs-direct", "local"]  # not reordered in place
+
+
+def test_each_profile_measures_a_workload_in_the_other_order() -> None:
+    """With an even number of workloads, the turn restarting at each profile measured
+    every workload in the same order on both links (tierfs first for seq reads, right
+    after the emulator's start, on both): the order flips with the profile too."""
+    env: Any = SimpleNamespace(restart_emulator=lambda: None, emulator_needs_restart=lambda: None)
+    systems = ["tierfs", "rclone", "gcs-direct"]
+    runner = Runner(
+        env, profiles=["plain", "shaped"], systems=systems, workloads=["read", "rand"], log=print
+    )
+    order: dict[tuple[str, str], list[str]] = {}
+    runner._cell = lambda profile, workload, system: order.setdefault(  # type: ignore[method-assign]
+        (profile, workload.name), []
+    ).append(system.name)
+    runner.run()
+    for workload in ("read", "rand"):
+        assert order[("shaped", workload)] == order[("plain", workload)][::-1], order
+    assert order[("plain", "read")] == order[("plain", "rand")][::-1]
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -150,7 +170,7 @@ def test_keep_stats_keeps_each_mounts_statistics_as_it_was_before_unmount(
     env: Any = SimpleNamespace(
         root=tmp_path / "env",
         endpoint=lambda profile: emulator.endpoint,
-        pids=set(),
+        pids=Pids(),
         on_daemon=None,
         defer=lambda undo: None,
         keep_stats=tmp_path / "kept",
@@ -168,3 +188,39 @@ def test_keep_stats_keeps_each_mounts_statistics_as_it_was_before_unmount(
     for name in kept:
         stats = json.loads((tmp_path / "kept" / name).read_text())
         assert stats["gcs"]["bytes_read"] >= 5000, stats["gcs"]
+
+
+def test_a_pid_is_killed_only_while_it_is_the_process_that_was_started(tmp_path: Path) -> None:
+    """A run mounts dozens of times; killing every PID it ever saw at its end could kill an
+    unrelated process that got a freed PID since. Only a process still the one recorded
+    (PID and start time) is killed."""
+    import subprocess
+
+    pids = Pids()
+    alive = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    try:
+        pids.update([alive.pid, gone.pid])
+        gone.wait()
+        pids._started[gone.pid] = 1  # as if that PID now named a process started at another time
+        reused = subprocess.Popen(["sleep", "60"])
+        pids._started[reused.pid] = 1  # recorded with a start time that is not its own
+        pids.kill()
+        assert alive.wait(timeout=10) == -9
+        assert reused.poll() is None  # not the process recorded: left alone
+    finally:
+        for proc in (alive, reused):
+            proc.kill()
+            proc.wait()
+    assert alive.pid not in pids and reused.pid not in pids
+
+
+def test_what_a_run_left_mounted_below_its_root_is_found_deepest_first(tmp_path: Path) -> None:
+    """`Env.close` takes off whatever a close interrupted half-way left mounted: found by
+    its name in /proc/self/mounts, where a space is written ``\\040``."""
+    from tests.test_mount_writeback import tmpfs
+
+    assert mounts_below(tmp_path) == []
+    with tmpfs(tmp_path / "mnt a", "1m") as outer, tmpfs(outer / "inner", "1m") as inner:
+        assert mounts_below(tmp_path) == [str(inner), str(outer)]
+    assert mounts_below(tmp_path) == []
