@@ -55,7 +55,9 @@ class Metadata(Workload):
     name = "meta"
     title = "metadata"
     metrics = (
-        Metric("meta.stat_cold", "stat, cold", "stat/s"),
+        # No ratio to the direct client: it stats each object by name, which the emulator
+        # answers by scanning the bucket (827/s), where a mount lists directories.
+        Metric("meta.stat_cold", "stat, cold", "stat/s", limit=None),
         Metric("meta.stat_warm", "stat, warm", "stat/s", limit="local"),
         Metric("meta.ls_cold", "ls -lR, cold", "entries/s"),
         Metric("meta.ls_warm", "ls -lR, warm", "entries/s", limit="local"),

@@ -24,13 +24,21 @@ def test_the_meter_adds_the_cpu_of_a_daemon_and_of_the_reader_over_each_block() 
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
     # It spins, then stays (killed below): gone before the second block, as on a loaded
     # machine, its CPU would be unknown there.
-    stay = _SPIN.format(s=0.3) + "import sys; sys.stdin.read()\n"
-    busy = subprocess.Popen([sys.executable, "-c", stay], stdin=subprocess.PIPE)
+    # It starts spinning when told (inside the block): spinning from its start, the part
+    # of its 0.3 s spent while this waited for the daemon was not counted.
+    go = "import sys; print('ready', flush=True); sys.stdin.readline()\n"
+    stay = go + _SPIN.format(s=0.3) + "import sys; sys.stdin.read()\n"
+    busy = subprocess.Popen([sys.executable, "-c", stay],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
     try:
         assert daemon.stdout is not None and daemon.stdout.readline() == b"ready\n"
-        # (its start-up is over: from here on it spends nothing)
+        assert busy.stdout is not None and busy.stdout.readline() == b"ready\n"
+        # (their start-ups are over: from here on they spend nothing until told)
         meter = CpuMeter([busy.pid, daemon.pid], emulator=daemon.pid)
         with meter.counting():
+            assert busy.stdin is not None
+            busy.stdin.write(b"go\n")
+            busy.stdin.flush()
             _spin_here(0.2)
             while busy.poll() is None and (process_cpu_s(busy.pid) or 0) < 0.25:
                 time.sleep(0.01)

@@ -1133,6 +1133,12 @@ async def test_ssd_copies_of_uploads_run_one_at_a_time_and_a_backlog_is_bounded(
             stats = fs.statistics()["writeback"]
             assert isinstance(stats, dict)
             assert (stats["copying"], stats["not_copied"]) == (3, 2)
+            # The first copy reads its file in a worker thread before it stores, and
+            # wait_all_tasks_blocked() also returns while a task waits for a thread.
+            with trio.fail_after(30):
+                while storing < 1:
+                    await trio.sleep(0.001)
+            await trio.testing.wait_all_tasks_blocked()
             assert storing == 1  # the others wait their turn
             gate.set()
             await fs.finish()
