@@ -11,7 +11,9 @@ This mirrors gcsfuse's ``cfg/optimize.go`` and ``cfg/rationalize.go``:
 * ``debug_fuse``/``debug_gcs``/``debug_mutex`` force trace logging;
 * the file cache (``cache-dir`` set and ``file-cache:max-size-mb`` != 0)
   turns parallel downloads on unless the user said otherwise;
-* streaming writes turn ``create-empty-file`` off;
+* streaming writes turn ``create-empty-file`` off (a warning if it was given);
+* options that mean something only while write-back or the shared chunk cache is
+  on are named in one warning when given without it;
 * cross-option checks that no single option can make.
 
 A derived value carries the source of the option that caused it, so
@@ -69,6 +71,21 @@ HIGH_PERFORMANCE: dict[str, Any] = {
     "write:global-max-blocks": 1600,
 }
 STAT_CACHE_ENTRY_BYTES = 1720
+# Options that only mean something while another (a bool) is on: given without it, one
+# warning names them.
+ONLY_WITH: dict[str, tuple[str, ...]] = {
+    "write:write-back": (
+        "write:write-back-dir",
+        "write:write-back-delay-secs",
+        "write:fsync-to-gcs",
+        "write:passthrough",
+    ),
+    "file-cache:enable-experimental-shared-chunk-cache": (
+        "file-cache:shared-cache-dir",
+        "file-cache:shared-cache-max-size-mb",
+        "file-cache:shared-cache-chunk-size-mb",
+    ),
+}
 
 
 def apply(settings: Settings, explicit: frozenset[str], *, cpu_count: int, make: Make) -> list[str]:
@@ -89,17 +106,35 @@ def apply(settings: Settings, explicit: frozenset[str], *, cpu_count: int, make:
         and settings["write:create-empty-file"].value
     ):
         put("write:create-empty-file", False, settings["write:create-empty-file"].source)
+        if "write:create-empty-file" in explicit:
+            warnings.append(
+                "write:create-empty-file has no effect while write:enable-streaming-writes is on"
+            )
     if (
         "metrics:cloud-metrics-export-interval-secs" not in explicit
         and "metrics:stackdriver-export-interval" in explicit
     ):
         old = settings["metrics:stackdriver-export-interval"]
         put("metrics:cloud-metrics-export-interval-secs", int(old.value), old.source)
-    if "write:write-back-dir" in explicit and not settings["write:write-back"].value:
-        warnings.append("write:write-back-dir has no effect without write:write-back")
+    for switch, paths in ONLY_WITH.items():
+        _idle_without(settings, explicit, switch, paths, warnings)
     _normalize(settings, put)
     _check(settings, explicit)
     return warnings
+
+
+def _idle_without(
+    settings: Settings,
+    explicit: frozenset[str],
+    switch: str,
+    paths: tuple[str, ...],
+    warnings: list[str],
+) -> None:
+    """One warning naming the options given that do nothing while ``switch`` is off."""
+    idle = [path for path in paths if path in explicit]
+    if idle and not settings[switch].value:
+        verb = "has" if len(idle) == 1 else "have"
+        warnings.append(f"{', '.join(idle)} {verb} no effect without {switch}")
 
 
 def _presets(settings: Settings, explicit: frozenset[str], put: Callable[..., None]) -> None:

@@ -146,7 +146,8 @@ OPTIONS: tuple[Option, ...] = (
         "write:max-blocks-per-file",
         _I,
         1,
-        "Streaming blocks in flight per file; -1 unlimited.",
+        "Divides write:global-max-blocks: files that stream at once = global / this (each "
+        "stream sends one block at a time); -1 or 0: global.",
         flag="write-max-blocks-per-file",
         hidden=True,
         minimum=-1,
@@ -217,7 +218,11 @@ OPTIONS: tuple[Option, ...] = (
         effect=ACCEPTED,
     ),
     _opt(
-        "gcs-connection:max-conns-per-host", _I, 0, "Connections per host; 0 unlimited.", minimum=0
+        "gcs-connection:max-conns-per-host",
+        _I,
+        0,
+        "GCS requests (hence connections) in flight at once; 0: tierfs's default of 32.",
+        minimum=0,
     ),
     _opt(
         "gcs-connection:max-idle-conns-per-host",
@@ -231,7 +236,8 @@ OPTIONS: tuple[Option, ...] = (
         "gcs-connection:sequential-read-size-mb",
         _I,
         200,
-        "Range of one sequential GCS read in MiB.",
+        "How far sequential reads prefetch ahead, in MiB, capped at a quarter of the RAM tier "
+        "(or one block, if larger); each GCS read is one ram-cache:block-size-mb block.",
         minimum=1,
         maximum=1024,
     ),
@@ -246,11 +252,16 @@ OPTIONS: tuple[Option, ...] = (
         "gcs-connection:limit-bytes-per-sec",
         _F,
         -1.0,
-        "GCS bytes per second; -1 unlimited.",
+        "GCS read bytes per second; -1 unlimited.",
         minimum=-1,
     ),
     _opt("gcs-connection:billing-project", _S, "", "Project billed for requester-pays buckets."),
-    _opt("gcs-connection:http-client-timeout", _D, 0.0, "Timeout of one HTTP request; 0 none."),
+    _opt(
+        "gcs-connection:http-client-timeout",
+        _D,
+        0.0,
+        "Timeout of one HTTP request; 0: tierfs's default, 60 s.",
+    ),
     _opt(
         "gcs-connection:experimental-enable-json-read",
         _B,
@@ -357,7 +368,7 @@ OPTIONS: tuple[Option, ...] = (
         _I,
         10,
         "Cut and retry an upload request that sends or receives nothing for this many "
-        "seconds; 0: the HTTP client timeout.",
+        "seconds; 0: the HTTP client timeout (60 s unless http-client-timeout is set).",
         minimum=0,
         hidden=True,
     ),
@@ -402,7 +413,8 @@ OPTIONS: tuple[Option, ...] = (
         "logging:file-path",
         _P,
         "",
-        "Log file (default: stderr in the foreground, syslog in the background).",
+        "Log file (default: stderr in the foreground, syslog in the background; a background "
+        "daemon with no /dev/log, as in most containers, logs nothing: set this there).",
         flag="log-file",
     ),
     _opt(

@@ -159,9 +159,9 @@ OPTIONS: tuple[Option, ...] = (
         "debug:log-mutex",
         _B,
         False,
-        "Log long-held locks (sets logging:severity to trace).",
+        "Deprecated: sets logging:severity to trace.",
         flag="debug_mutex",
-        **_A,
+        deprecated="use logging:severity:trace",
     ),
     _opt(
         "debug:exit-on-invariant-violation",
@@ -206,8 +206,8 @@ OPTIONS: tuple[Option, ...] = (
         "metadata-cache:enable-nonexistent-type-cache",
         _B,
         False,
-        "Deprecated: use metadata-cache:negative-ttl-secs.",
-        deprecated="use metadata-cache:negative-ttl-secs",
+        "Deprecated: a type cache of names not found; see metadata-cache:negative-ttl-secs.",
+        deprecated="has no effect; use metadata-cache:negative-ttl-secs",
         **_A,
     ),
     _opt(
@@ -317,7 +317,8 @@ OPTIONS: tuple[Option, ...] = (
         "file-cache:max-parallel-downloads",
         _I,
         0,
-        "Parallel ranged reads across all files; -1 unlimited (default max(16, 2 x CPUs)).",
+        "Parallel ranged reads across all files; -1 unlimited (default max(16, 2 x CPUs)); "
+        "every GCS request also counts against gcs-connection:max-conns-per-host (32 at 0).",
         flag="file-cache-max-parallel-downloads",
         minimum=-1,
     ),

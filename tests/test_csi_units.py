@@ -14,6 +14,7 @@ import pytest
 
 from tests.csi_plugin import CHECKPOINTING
 from tests.mounting import TIERFS
+from tierfs import settings
 from tierfs.csi import paths
 from tierfs.csi.proto import generate
 from tierfs.csi.volume import (
@@ -149,6 +150,42 @@ def test_no_cache_dir_without_a_file_cache() -> None:
     assert not any(
         a.startswith("--cache-dir") for a in daemon_args(request, LAYOUT, key_file=False)
     )
+
+
+@pytest.mark.parametrize(
+    "context",
+    [(), (("fileCacheForRangeRead", "true"),), (("mountOptions", "implicit-dirs"),)],
+    ids=["bare", "range-read-only", "other-options"],
+)
+def test_a_volume_that_sets_no_file_cache_size_has_no_file_cache(
+    context: tuple[tuple[str, str], ...],
+) -> None:
+    """As GKE's driver: the file cache is off unless the volume gives it a size. tierfs's
+    own default (-1: the free space) gave such a volume an SSD tier as large as the free
+    space of the node's state volume."""
+    args = daemon_args(Request("b-bucket", TARGET, context=context), LAYOUT, key_file=False)
+    assert not any(a.startswith("--cache-dir") for a in args)
+    config = load(args)
+    assert config["cache-dir"] == ""
+    assert not settings.tiers(config).ssd
+
+
+@pytest.mark.parametrize(
+    ("context", "size_mb"),
+    [
+        ((("fileCacheCapacity", "-1"),), -1),
+        ((("fileCacheCapacity", "1Gi"),), 1024),
+        ((("mountOptions", "file-cache:max-size-mb:-1"),), -1),
+        ((("mountOptions", "file-cache-max-size-mb=64"),), 64),
+    ],
+)
+def test_a_volume_that_sets_a_file_cache_size_gets_its_cache_dir(
+    context: tuple[tuple[str, str], ...], size_mb: int
+) -> None:
+    config = load(daemon_args(Request("b-bucket", TARGET, context=context), LAYOUT, key_file=False))
+    assert config["cache-dir"] == str(LAYOUT.cache_dir)
+    assert config["file-cache:max-size-mb"] == size_mb
+    assert settings.tiers(config).ssd
 
 
 def test_fingerprint_ignores_what_kubelet_varies_and_sees_what_the_user_chose() -> None:

@@ -1,5 +1,6 @@
 """Log rotation as gcsfuse's ``logging:log-rotate:*`` options say: a new file at the size
-limit, old files kept up to the count (0: all), gzipped when ``compress`` is on."""
+limit, old files kept up to the count (0: all), gzipped when ``compress`` is on; where the
+log goes without ``log-file`` (docs/options.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import mount_options
+from tierfs.cli import logs
 from tierfs.cli.logs import rotating_file
 
 
@@ -43,3 +46,31 @@ def test_a_count_of_0_keeps_every_rotated_file(tmp_path: Path) -> None:
     log = tmp_path / "tierfs.log"
     fill(rotating_file(str(log), max_bytes=1000, backups=0, compress=True), 200)
     assert len(list(tmp_path.glob("tierfs.log.*.gz"))) >= 15  # ~20 KB in 1 KB files
+
+
+@pytest.mark.parametrize(
+    ("foreground", "dev_log", "kind"),
+    [
+        (True, False, logging.StreamHandler),
+        (False, True, logging.handlers.SysLogHandler),
+        (False, False, logging.NullHandler),  # what the log-file help says: set it there
+    ],
+)
+def test_without_a_log_file_the_log_goes_to_stderr_or_syslog_else_nowhere(
+    monkeypatch: pytest.MonkeyPatch, foreground: bool, dev_log: bool, kind: type
+) -> None:
+    monkeypatch.setattr(logs.os.path, "exists", lambda path: dev_log and path == "/dev/log")
+    monkeypatch.setattr(logging.handlers.SysLogHandler, "__init__", lambda self, **kw: None)
+    config = mount_options.load(mount_options.parse_flags([]).parsed)
+    logger = logging.getLogger("tierfs")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        logs.setup(config, foreground=foreground)
+        assert [type(h) for h in logger.handlers] == [kind]
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        for handler in before[0]:
+            logger.addHandler(handler)
+        logger.setLevel(before[1])
+        logger.propagate = before[2]

@@ -17,7 +17,9 @@ What goes where, following the GKE driver (reference ``gcsfuse.md`` §2.1):
   user's options, so the user's own win;
 * what the driver owns is forced as flags, which rank above attributes: the
   per-volume cache, temp and write-back directories, the key file, the log
-  (JSON on the plugin's stderr) and the metrics port.
+  (JSON on the plugin's stderr) and the metrics port. The cache directory, as
+  GKE's, only for a volume that sets ``file-cache:max-size-mb`` (or
+  ``fileCacheCapacity``) to other than 0: the file cache is off by default.
 
 ``fingerprint`` is what makes a request "the same" for idempotency: everything
 the user chose, and nothing the kubelet varies between republishes (pod
@@ -170,12 +172,19 @@ def daemon_args(
     args += [bucket_of(request), request.target]
     config = load(args)
     local = []
-    if config["file-cache:max-size-mb"] != 0:  # as the GKE driver: a cache dir for a file cache
+    if file_cache_asked(config):
         local.append(f"--cache-dir={layout.cache_dir}")
     if config["write:write-back"]:
         local.append(f"--write-back-dir={layout.write_back_dir}")
     args[-2:-2] = local
     return args
+
+
+def file_cache_asked(config: Config) -> bool:
+    """Whether the volume gets a cache directory, hence an SSD file cache: as with the GKE
+    driver, only when it sets ``file-cache:max-size-mb`` (``fileCacheCapacity``) to other
+    than 0. tierfs's own default, -1 (the free space), would fill the node's state volume."""
+    return "file-cache:max-size-mb" in config.assigned and config["file-cache:max-size-mb"] != 0
 
 
 def load(args: Sequence[str]) -> Config:
