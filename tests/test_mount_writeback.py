@@ -648,6 +648,51 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     assert list(moves.rglob("moves/*.json")) == []
 
 
+def test_a_rename_replayed_later_leaves_another_clients_new_objects_in_place(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """The daemon is killed while a directory rename moves its objects; before the next
+    mount another client writes under the old name, a new object and a new generation of
+    one not yet moved. The replay moved everything it then listed there, theirs too (and
+    deleted theirs where they put them). It moves what the rename found, and leaves
+    theirs be."""
+    tree = {f"t/f{i:03d}": str(i).encode() * 100 for i in range(128)}
+    cache = f"--cache-dir={tmp_path / 'cache'}"
+    moves = tmp_path / "cache" / "tierfs-writeback"
+    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
+        mount = mount_factory(
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
+        )
+        os.rename(mount.path / "t", mount.path / "final")
+        wait_until(lambda: bool(list(moves.rglob("moves/*.listed"))), what="the move's listing")
+        kill_daemon(mount)
+    at_kill = objects(gcs_client, bucket_name)
+    left = sorted(name for name in at_kill if name.startswith("t/f"))
+    assert left, "killed after the move ended: nothing tested"
+    bucket = gcs_client.bucket(bucket_name)
+    bucket.blob("t/theirs").upload_from_string(b"written since")
+    bucket.blob(left[-1]).upload_from_string(b"replaced since")
+    again = mount_factory("--write-back", "--implicit-dirs", cache, name="mnt")
+    # The replaced one stays theirs; under the new name only if it was copied before the kill.
+    expected = {
+        "final/" + name[2:]: data
+        for name, data in tree.items()
+        if name != left[-1] or "final/" + name[2:] in at_kill
+    }
+    assert objects(gcs_client, bucket_name) == {
+        "final/": b"",
+        **expected,
+        "t/theirs": b"written since",
+        left[-1]: b"replaced since",
+    }
+    assert (again.path / "t" / "theirs").read_bytes() == b"written since"
+    assert list(moves.rglob("moves/*")) == []
+
+
 def test_files_read_while_their_directory_rename_moves_them_read_whole(
     mount_factory: MountFactory,
     emulator: Emulator,

@@ -1396,3 +1396,33 @@ async def test_recovery_with_gcs_down_stops_at_the_first_upload_that_fails(
     assert sum(1 for _, why in result.failed if why.startswith("not tried: ")) == 19
     assert bucket.statistics()["uploads"] == 0
     assert len(again.pending()) == 20  # kept for the next mount
+
+
+@pytest.mark.parametrize("kind", ["directory", "file"])
+async def test_a_replayed_rename_leaves_what_another_client_wrote_under_the_old_name_since(
+    tmp_path: Path, kind: str
+) -> None:
+    """A rename cut by kill -9 is replayed at the next mount, maybe hours later: it listed
+    the old name then and moved everything there, another client's objects written since
+    included (deleted from where they put them). It moves what was there when it began,
+    and what this recovery uploads under the old name (a file committed before it)."""
+    now = [time.time() - 10]
+    bucket = MemoryBucket("wb", clock=lambda: now[0])
+    journal = Journal(tmp_path / "c", "wb", xattrs=False)
+    if kind == "directory":
+        bucket.put("d/", b"")
+        bucket.put("d/a", b"a")
+        journal.moves.begin("d/", "e/")
+        _record_file(journal, "rc", "d/c", b"c")  # committed here, uploaded at recovery
+    else:
+        journal.moves.begin("f", "g", file=True)
+    now[0] = time.time() + 3600  # an hour later, another client writes under the old name
+    bucket.put("d/b" if kind == "directory" else "f", b"theirs")
+    again = Journal(tmp_path / "c", "wb", xattrs=False)
+    result = await again.recover(bucket, trio.to_thread.run_sync)
+    assert result.failed == [] and len(result.moves) == 1
+    if kind == "directory":
+        assert sorted(bucket.names()) == ["d/b", "e/", "e/a", "e/c"]
+        assert bucket.get("d/b") == b"theirs"
+    else:
+        assert bucket.names() == ["f"] and bucket.get("f") == b"theirs"

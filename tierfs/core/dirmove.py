@@ -63,16 +63,45 @@ class MoveWaits(Exception):
     """A background move cannot go on yet for a local reason; not a failure."""
 
 
+# How much later than this machine's clock GCS may stamp an object written just before a
+# rename began (NTP keeps both within a second; a margin for a clock that drifted).
+CLOCK_SKEW_S = 60.0
+
+
 @dataclass(frozen=True)
 class Move:
     """One directory rename in GCS: every object named ``source + rest`` becomes
     ``destination + rest``; with ``file``, the one object ``source`` becomes
-    ``destination`` (`tierfs.core.filerename`)."""
+    ``destination`` (`tierfs.core.filerename`). Its ``id`` begins with the time it
+    began, in ns (`MoveLog.begin`)."""
 
     id: str
     source: str
     destination: str
     file: bool = False
+
+    def covers(
+        self,
+        info: ObjectInfo,
+        listed: dict[str, int] | None,
+        ours: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Whether a replay moves ``info``: the generation the move's first listing found
+        (``listed``, `MoveLog.listed`), or one in ``ours``, uploaded under the old name by
+        this mount's recovery (a file committed before the rename). An object another
+        client wrote under the old name since is theirs: a replay at the next mount, maybe
+        hours later, moved it too (and deleted it from where they put it). Without a
+        listing (killed before it), one written before the rename began, by GCS's update
+        time within `CLOCK_SKEW_S`."""
+        if info.name in ours:
+            return True
+        if listed is not None:
+            return listed.get(info.name) == info.generation
+        try:
+            began_s = int(self.id.split("-", 1)[0]) / 1e9
+        except ValueError:
+            return True  # a record of another form: no time to judge by
+        return not info.updated_s or info.updated_s <= began_s + CLOCK_SKEW_S
 
 
 async def move_objects(
@@ -124,25 +153,18 @@ async def move_objects(
     return moved
 
 
-async def move_file_object(bucket: Bucket, source: str, destination: str) -> int:
-    """A file's rename in GCS: copy whatever generation ``source`` has (replacing what
-    ``destination`` holds, as rename() does), then delete that generation. Returns the
-    objects moved: 0 when ``source`` is gone (moved before, or never uploaded)."""
-    try:
-        info = await bucket.stat(source)
-    except NotFound:
-        return 0
-    await move_objects(bucket, [info], source, destination)
-    return 1
-
-
 async def recover_moves(
-    bucket: Bucket, moves: MoveLog, held: frozenset[str] = frozenset()
+    bucket: Bucket,
+    moves: MoveLog,
+    held: frozenset[str] = frozenset(),
+    ours: frozenset[str] = frozenset(),
 ) -> list[Move]:
     """Finish every rename a previous daemon began (see the module docstring), except
     those of or above an object in ``held``: its upload failed, and moving its old object
-    first would put the old bytes under the new name and its record in conflict. One that
-    fails (GCS down) is logged and kept for the next mount: it must not stop this one."""
+    first would put the old bytes under the new name and its record in conflict. Only the
+    objects each covers move (`Move.covers`; ``ours``: the objects recovery uploaded). One
+    that fails (GCS down) is logged and kept for the next mount: it must not stop this
+    one."""
     done = []
     for move in await trio.to_thread.run_sync(moves.pending):
         if any(
@@ -155,7 +177,8 @@ async def recover_moves(
             )
             continue
         try:
-            count = await _recover_move(bucket, move)
+            listed = None if move.file else await trio.to_thread.run_sync(moves.listing, move)
+            count = await _recover_move(bucket, move, listed, ours)
         except Exception as err:
             log.error(
                 "write-back: renaming gs://%s to %s still not done (the next mount tries "
@@ -177,13 +200,30 @@ async def recover_moves(
     return done
 
 
-async def _recover_move(bucket: Bucket, move: Move) -> int:
-    """One journaled rename, replayed: the objects it moved."""
+async def _recover_move(
+    bucket: Bucket, move: Move, listed: dict[str, int] | None, ours: frozenset[str]
+) -> int:
+    """One journaled rename, replayed: the objects it moved. A file's copies whatever
+    generation its source has (replacing what the destination holds, as rename() does);
+    a directory's skips an object whose new name exists (copied before the crash)."""
     if move.file:
-        return await move_file_object(bucket, move.source, move.destination)
-    listing = await bucket.list(move.source, delimiter=None)
-    await move_objects(bucket, listing.objects, move.source, move.destination, skip_existing=True)
-    return len(listing.objects)
+        try:
+            found: tuple[ObjectInfo, ...] = (await bucket.stat(move.source),)
+        except NotFound:
+            found = ()  # moved before, or never uploaded
+    else:
+        found = (await bucket.list(move.source, delimiter=None)).objects
+    objects = [info for info in found if move.covers(info, listed, ours)]
+    if len(objects) < len(found):
+        log.warning(
+            "write-back: renaming gs://%s to %s leaves %d object(s) in place, written there "
+            "after the rename began (another client's)",
+            move.source,
+            move.destination,
+            len(found) - len(objects),
+        )
+    await move_objects(bucket, objects, move.source, move.destination, skip_existing=not move.file)
+    return len(objects)
 
 
 def _under(path: str, top: str) -> bool:

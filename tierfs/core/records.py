@@ -26,6 +26,7 @@ from tierfs.core.dirmove import Move
 log = logging.getLogger("tierfs.writeback")
 
 _FILE_MODE = 0o600
+LISTED = ".listed"  # beside a move's record: the objects its first listing found
 _DIR_MODE = 0o700
 R = TypeVar("R")
 
@@ -97,11 +98,39 @@ class MoveLog(_RecordLog[Move]):
         self._write(move.id, asdict(move), durable=True)
         return move
 
+    def listed(self, move: Move, objects: dict[str, int]) -> None:
+        """The objects (name: generation) a directory move's first listing found: the ones
+        it moves, and all a replay moves (`tierfs.core.dirmove.recover_moves`), not one
+        another client wrote under the old name since. Beside the record, not fsync'd: a
+        machine crash that loses it leaves the replay to judge by time (`Move.covers`)."""
+        _write_record(self.dir / f"{move.id}{LISTED}", {"objects": objects}, durable=False)
+
+    def listing(self, move: Move) -> dict[str, int] | None:
+        """What `listed` recorded for ``move``; None if nothing (or nothing readable)."""
+        try:
+            body = json.loads((self.dir / f"{move.id}{LISTED}").read_text(encoding="utf-8"))
+            return {str(name): int(generation) for name, generation in body["objects"].items()}
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("write-back journal: unreadable listing of move %s (%s)", move.id, err)
+            return None
+
     def end(self, move: Move) -> None:
         """The move is done: its record goes, durably. A record a machine crash brought
         back would be replayed at the next mount, and move what was made under the old
         name since (``mv d e; mkdir d; ...``) into the new one."""
         self._end(move.id, durable=True)
+        (self.dir / f"{move.id}{LISTED}").unlink(missing_ok=True)
+
+    def pending(self) -> list[Move]:
+        """As `_RecordLog.pending`, and a listing whose record went (an end cut short) goes."""
+        found = super().pending()
+        ids = {move.id for move in found}
+        for listing in self.dir.glob(f"*{LISTED}"):
+            if listing.name[: -len(LISTED)] not in ids:
+                listing.unlink(missing_ok=True)
+        return found
 
 
 class DeleteLog(_RecordLog[Delete]):

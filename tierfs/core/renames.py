@@ -252,15 +252,25 @@ class Renames(_Base):
         forget the old names. Never raises: a background task."""
         copies: dict[str, ObjectInfo] = {}
 
+        listed: dict[str, int] | None = None
+
         async def attempt(number: int) -> None:
-            nonlocal copies
+            nonlocal copies, listed
             listing = await self.bucket.list(old_prefix, delimiter=None)
+            if listed is None:  # what the move is: a replay at the next mount moves it alone
+                listed = {info.name: info.generation for info in listing.objects}
+                assert self.journal is not None
+                try:
+                    await trio.to_thread.run_sync(self.journal.moves.listed, move, listed)
+                except OSError as err:  # (a replay then judges by time: `Move.covers`)
+                    log.warning("write-back: could not record what a rename moves: %s", err)
             if not placeholder and not any(o.name == old_prefix for o in listing.objects):
                 # An implicit directory: give the new one a placeholder either way.
                 await self.bucket.write_bytes(new_prefix, b"", if_generation_match=None)
             copies = await move_objects(
                 self.bucket,
-                listing.objects,
+                # (not another client's written under the old name since: as a replay)
+                [info for info in listing.objects if move.covers(info, listed)],
                 old_prefix,
                 new_prefix,
                 skip_existing=number > 0,

@@ -454,7 +454,8 @@ class Journal:
         # After the uploads: a file committed under a directory's old name moves with it.
         # Not the renames and deletes of a file whose upload failed: they wait with it.
         held = frozenset(name for name, _ in result.failed)
-        result.moves = await recover_moves(bucket, self.moves, held)
+        ours = frozenset(result.uploaded) | frozenset(result.already_there)
+        result.moves = await recover_moves(bucket, self.moves, held, ours)
         result.deletes = await recover_deletes(bucket, self.deletes, held)
         return result
 
