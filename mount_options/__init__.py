@@ -108,7 +108,20 @@ def load(
         cpu_count=cpu_count,
         absolute=absolute,
     )
+    _check_app_name(config["app-name"])
     if parsed.warnings:
         warnings = tuple(dict.fromkeys([*parsed.warnings, *config.warnings]))
         config = dataclasses.replace(config, warnings=warnings)
     return config
+
+
+def _check_app_name(name: str) -> None:
+    """``app-name`` goes into the User-Agent header: a newline or a character outside
+    printable ASCII passed here and failed the mount later as "cannot reach bucket:
+    InvalidHeader" or a UnicodeEncodeError."""
+    bad = next((c for c in name if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise OptionError(
+            f"bad value {name!r} for option 'app-name': expected printable ASCII "
+            f"(it goes into the User-Agent header), not {bad!r}"
+        )

@@ -60,8 +60,8 @@ def parse_flags(argv: Sequence[str], extras: Mapping[str, bool] = {}) -> Command
         name, has_value, value = body.partition("=")
         text = _option_string(arg, name, has_value, value, extras)
         if text is not None:
-            if text == "":
-                text = _next(args, i, arg)
+            if text == "" and arg == "-o":  # (only a bare -o takes the next argument:
+                text = _next(args, i, arg)  # "-o=" swallowed the bucket name)
                 i += 1
             line.parsed.extend(parse_option_string(text, MOUNT_OPTION))
             continue

@@ -16,6 +16,7 @@ with flags. Within one rank, the later assignment wins.
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -149,9 +150,18 @@ def _read_write(fuse: dict[str, str]) -> None:
     fuse.pop("rw", None)
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring = 2, 4, 4, 60
+_SHOWN.maxother = 60
+
+
 def _show(raw: Any) -> str:
+    """A bad value as the error shows it, bounded: a YAML alias bomb (a few lines that
+    expand to millions of elements) made the full dump of it exhaust memory."""
     try:
-        return json.dumps(raw, default=str)
+        if isinstance(raw, list | tuple | dict | set | frozenset):
+            return _SHOWN.repr(raw)
+        return json.dumps(raw, default=str)  # (a scalar as YAML writes it: true, null)
     except (ValueError, TypeError, RecursionError):
         return f"<{type(raw).__name__}>"
 

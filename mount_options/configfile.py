@@ -71,6 +71,8 @@ def parse_config_file(text: str, name: str = "config file") -> list[Assignment]:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or "not valid YAML"
         raise OptionError(f"{name}{where}: {problem}") from None
+    except RecursionError:  # (thousands of nested ``[``: the loader recurses per level)
+        raise OptionError(f"{name}: nested too deeply") from None
     if document is None:
         return []
     if not isinstance(document, dict):

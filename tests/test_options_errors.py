@@ -586,9 +586,11 @@ def test_help_shows_kind_and_colon_path(cli):
 
 
 def test_no_arguments_prints_usage_and_exits_2(cli):
+    """A usage error: the short usage on stderr (not the 225 lines of --help on stdout)."""
     result = cli.local(TIERFS)
     assert result.returncode == 2
-    assert result.stdout.startswith("usage: tierfs COMMAND [options]")
+    assert result.stdout == ""
+    assert result.stderr.startswith("usage: tierfs COMMAND [options]")
 
 
 # --- the dry-run JSON --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ upload has finished.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tierfs.cli.fdmount import fuse_fd
+from tierfs.cli.fdmount import check_fd, fuse_fd
 from tierfs.cli.memory import daemon_environment
 from tierfs.cli.mountpoint import (
     ALIVE,
@@ -35,13 +36,16 @@ from tierfs.cli.mountpoint import (
 )
 
 STOP_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 300.0  # for the daemon's first line (`ok` or why not)
 HUNG_WAIT_S = 10.0  # for a daemon whose mount does not answer (stopped, deadlocked)
 
 
 def start_background(child_args: Sequence[str], mountpoint: str) -> None:
     """Start the daemon and wait until its mount answers; `MountError` otherwise."""
-    read_fd, write_fd = os.pipe()
     served = fuse_fd(mountpoint)  # /dev/fd/N: the daemon needs that descriptor too
+    if served is not None and (problem := check_fd(served)) is not None:
+        raise MountError(problem)  # (Popen's pass_fds failed first: "internal error")
+    read_fd, write_fd = os.pipe()
     with tempfile.TemporaryFile() as errors:
         try:
             child = subprocess.Popen(
@@ -64,7 +68,16 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
             os.close(write_fd)
         try:
             with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
+                # Bounded: a daemon stuck before it answers (a key file that never ends,
+                # a bucket check that never returns) held `tierfs mount` for ever.
+                if not select.select([pipe], [], [], START_TIMEOUT_S)[0]:
+                    _stop_starting(child, mountpoint)
+                    raise MountError(
+                        f"the mount daemon did not answer in {START_TIMEOUT_S:.0f} s; stopped it"
+                    )
                 message = pipe.readline().strip()
+        except MountError:
+            raise
         except BaseException:
             # Ctrl-C while it starts: no mount may come up after `tierfs mount` said it was
             # interrupted (one did, and died at its first answer: a dead mount left behind).
@@ -83,7 +96,9 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
             why = [line.strip() for line in said if line.startswith("fuse: ")]
             if message and why:
                 message = f"{message} ({'; '.join(why[-2:])})"
-            raise MountError(message or said[-1] or f"the mount daemon exited with status {status}")
+            # (the daemon's own "tierfs: " before ours doubled it: "tierfs: tierfs: ...")
+            last = said[-1].removeprefix("tierfs: ")
+            raise MountError(message or last or f"the mount daemon exited with status {status}")
     try:
         os.stat(mountpoint)
     except OSError as err:

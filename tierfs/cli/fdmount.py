@@ -39,4 +39,6 @@ def check_fd(fd: int) -> str | None:
         fcntl.fcntl(fd, fcntl.F_GETFD)
     except OSError as err:
         return f"/dev/fd/{fd} is not an open descriptor: {err.strerror}"
+    except OverflowError:  # (/dev/fd/99999999999999999999: past any C int)
+        return f"/dev/fd/{fd} is not an open descriptor: the number is too large"
     return None

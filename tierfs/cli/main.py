@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from typing import IO, Any, TextIO, cast
 
 import mount_options
 from mount_options import CommandLine, Config, OptionError
@@ -21,7 +21,8 @@ from mount_options.docs import help_text
 from mount_options.target import parse_target
 from tierfs import __version__
 from tierfs.cli import daemon
-from tierfs.cli.mountpoint import MountError, canonical, mounted_here
+from tierfs.cli.mountpoint import MountError, canonical
+from tierfs.storage.smallfile import read_small_file
 
 PROG = "tierfs"
 MOUNT_EXTRAS = {
@@ -61,6 +62,18 @@ Precedence: flag > config file > default.
 """
 
 
+# `tierfs COMMAND --help`: the command's line of USAGE (it was a usage error, status 2).
+SUBCOMMAND_USAGE = {
+    "stats": "stats [--json] MOUNTPOINT\n  hits, misses and bytes per tier; GCS requests",
+    "sync": "sync PATH\n  wait until what was written at PATH is in GCS",
+    "unmount": "unmount MOUNTPOINT\n  upload pending writes, unmount, wait for the daemon",
+    "prefetch": "prefetch PATH...\n  warm the tiers for files and directories",
+    "demo": "demo [--keep]\n  start the emulator, mount, show a short tour",
+    "install-helper": "install-helper [--prefix DIR]\n  install /sbin/mount.tierfs (or in DIR)",
+}
+SUBCOMMAND_USAGE["umount"] = SUBCOMMAND_USAGE["unmount"]
+
+
 class UsageError(Exception):
     """Wrong use of the command line itself (missing operands, unknown command)."""
 
@@ -74,47 +87,118 @@ def mount_helper_main(argv: Sequence[str] | None = None) -> None:
     sys.exit(_guarded(_mount_helper, list(sys.argv[1:] if argv is None else argv)))
 
 
+class OutputError(OSError):
+    """Writing to stdout failed (``tierfs --version > /dev/full``): the user's disk, not a
+    bug of ours."""
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs, telling its write errors from all others."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise OutputError(err.errno, err.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise OutputError(err.errno, err.strerror) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _guarded(run: Callable[[list[str]], int], argv: list[str]) -> int:
+    stdout = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(stdout))
     try:
-        return run(argv)
+        status = run(argv)
+        sys.stdout.flush()  # (a full disk is found here, not by the exit's silent flush)
+        return status
     except (OptionError, UsageError) as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+        print(f"{PROG}: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `tierfs --help | head`: the reader left; say nothing more
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _drop_stdout()
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except OutputError as err:
+        _drop_stdout()
+        print(f"{PROG}: cannot write output: {err.strerror or err}", file=sys.stderr)
+        return 1
     except Exception as err:  # the last line of defence: one line, never a traceback
         daemon_log = logging.getLogger("tierfs")
-        if daemon_log.handlers:  # a daemon, its log set up: the whole story goes there
+        if daemon_log.handlers and not _logs_to_stderr(daemon_log):
+            # A daemon, its log set up: the whole story goes there. In the foreground the
+            # log is the terminal, which gets the one line below and no traceback.
             daemon_log.error("internal error, exiting: %s", err, exc_info=err)
         if os.environ.get("TIERFS_DEBUG"):
             traceback.print_exc()
-        print(f"{PROG}: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"{PROG}: internal error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = stdout
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def _logs_to_stderr(logger: logging.Logger) -> bool:
+    """Whether one of ``logger``'s handlers writes to this process's stderr (`--foreground`;
+    a `FileHandler` is a `StreamHandler` too, on its own stream)."""
+    return any(
+        isinstance(h, logging.StreamHandler) and h.stream in (sys.stderr, sys.__stderr__)
+        for h in logger.handlers
+    )
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # (no real descriptor: a test's captured stdout)
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help", "help", "--help-all"):
+    if not argv:  # (a usage error: the short usage, on stderr)
+        print(USAGE, file=sys.stderr, end="")
+        return 2
+    if argv[0] in ("-h", "--help", "help", "--help-all"):
         print(USAGE)
-        print(help_text(include_hidden=bool(argv) and argv[0] == "--help-all"))
-        return 0 if argv else 2
+        print(help_text(include_hidden=argv[0] == "--help-all"))
+        return 0
     if argv[0] in ("-V", "--version", "version"):
         print(f"{PROG} {__version__}")
         return 0
     command, rest = argv[0], argv[1:]
+    if command in SUBCOMMAND_USAGE and any(a in ("-h", "--help") for a in rest):
+        print(f"usage: {PROG} {SUBCOMMAND_USAGE[command]}")
+        return 0
     if command == "mount":
         line = mount_options.parse_flags(rest, MOUNT_EXTRAS)
         return _mount(line, ["mount", *rest], [at + 1 for at in line.positional_at])
-    if command in ("unmount", "umount"):
-        return _unmount(rest)
-    if command == "stats":
-        return _stats(rest)
-    if command == "sync":
-        return _sync(rest)
+    if command in ("unmount", "umount", "stats", "sync"):
+        from tierfs.cli import commands
+
+        run = {"stats": commands.stats, "sync": commands.sync}.get(command, commands.unmount)
+        return run(rest)
     if command == "prefetch":
         from tierfs.cli.prefetch import prefetch
 
@@ -135,6 +219,10 @@ def _main(argv: list[str]) -> int:
 
 
 def _mount_helper(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(MOUNT_USAGE)
+        print(help_text(include_hidden=False))
+        return 0
     line = mount_options.parse_mount_helper(argv, MOUNT_EXTRAS)
     child: list[str] = ["mount"]
     moved: dict[int, int] = {}  # argv index -> child index
@@ -158,73 +246,6 @@ def _mount_helper(argv: list[str]) -> int:
         effective_config(line)
         return 0
     return _mount(line, child, places)
-
-
-def _stats(argv: list[str]) -> int:
-    from tierfs.cli.control import render_statistics, request_statistics
-
-    as_json = "--json" in argv
-    args = [a for a in argv if a != "--json"]
-    if len(args) != 1 or args[0].startswith("-"):
-        raise UsageError("usage: tierfs stats [--json] MOUNTPOINT")
-    try:
-        data = request_statistics(args[0])
-    except OSError as err:
-        print(
-            f"{PROG}: no tierfs mount answers at {args[0]}: {err.strerror or err}", file=sys.stderr
-        )
-        return 1
-    print(json.dumps(data, indent=2) if as_json else render_statistics(data))
-    return 0
-
-
-def _sync(argv: list[str]) -> int:
-    """Exit 0 once every file closed (or written) at or below PATH (a tierfs mountpoint or a
-    path inside one) is in GCS; else 1 and the first error, one line."""
-    from tierfs.cli.control import request
-    from tierfs.cli.prefetch import hung_mount_holding, tierfs_mount_of
-
-    if len(argv) != 1 or argv[0].startswith("-"):
-        raise UsageError("usage: tierfs sync PATH")
-    target = canonical(argv[0])
-    holder = hung_mount_holding(target)  # (its answer would never come)
-    if holder is not None:
-        print(f"{PROG}: sync {argv[0]}: the daemon of {holder} does not answer", file=sys.stderr)
-        return 1
-    if mounted_here(target) is not None:  # a mountpoint: never looked up (it may hang)
-        mountpoint, relative = target, "."
-    else:
-        # Resolved whole, as `tierfs_mount_of` resolves it: a symlink to a directory in
-        # a mount (~/data -> /mnt/gcs/data) was sent as "../home/u/data", which matched
-        # no file, and sync said yes without waiting for anything.
-        target = os.path.realpath(target)
-        mountpoint = tierfs_mount_of(Path(target)) or ""
-        relative = os.path.relpath(target, mountpoint) if mountpoint else ""
-        if not mountpoint or relative.startswith(".."):
-            print(f"{PROG}: no tierfs mount answers at {argv[0]}: not in one", file=sys.stderr)
-            return 1
-    try:
-        answer = request(mountpoint, "sync", None, {"path": "" if relative == "." else relative})
-    except OSError as err:
-        print(
-            f"{PROG}: no tierfs mount answers at {argv[0]}: {err.strerror or err}", file=sys.stderr
-        )
-        return 1
-    if "error" in answer:
-        print(f"{PROG}: sync {argv[0]}: {answer['error']}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _unmount(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0].startswith("-"):
-        raise UsageError("usage: tierfs unmount MOUNTPOINT")
-    try:
-        daemon.stop(argv[0])
-    except MountError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _mount(line: CommandLine, child_args: list[str], positional_at: list[int]) -> int:
@@ -320,6 +341,8 @@ def effective_config(line: CommandLine) -> Config:
     else:
         extra = " ".join(line.positional[2:])
         raise UsageError(f"unexpected arguments after BUCKET MOUNTPOINT: {extra}")
+    if not mountpoint:  # ("$MNT" unset: abspath("") is the working directory)
+        raise UsageError("empty MOUNTPOINT: tierfs mount BUCKET MOUNTPOINT")
     target = parse_target(spec)
     if target.prefix:
         if any(a.path == "only-dir" for a in parsed.assignments):
@@ -329,7 +352,7 @@ def effective_config(line: CommandLine) -> Config:
         parsed,
         bucket=target.bucket,
         mountpoint=canonical(mountpoint),
-        read_text=lambda path: Path(path).read_text(encoding="utf-8"),
+        read_text=read_small_file,
         cpu_count=os.cpu_count() or 1,
         absolute=absolute_path,
     )
@@ -342,10 +365,19 @@ def absolute_path(path: str) -> str:
 
 
 def _json_object(text: str) -> dict[str, str]:
+    """``--csi-volume-attributes``: the JSON itself, or ``@FILE`` (a small regular file)."""
     try:
-        value = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
-    except (OSError, json.JSONDecodeError) as err:
-        raise OptionError(f"bad value for --csi-volume-attributes: {err}") from None
+        value = json.loads(read_small_file(text[1:]) if text.startswith("@") else text)
+    except OSError as err:
+        raise OptionError(
+            f"bad value for --csi-volume-attributes: cannot read {text[1:]!r}: "
+            f"{err.strerror or err}"
+        ) from None
+    except UnicodeDecodeError:
+        raise OptionError("bad value for --csi-volume-attributes: not UTF-8 text") from None
+    except (ValueError, RecursionError) as err:  # (JSONDecodeError; nesting past the limit)
+        why = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise OptionError(f"bad value for --csi-volume-attributes: {why}") from None
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise OptionError(
             "bad value for --csi-volume-attributes: expected a JSON object of strings"

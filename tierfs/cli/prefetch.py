@@ -25,15 +25,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tierfs.cli.control import request_statistics
-from tierfs.cli.mountpoint import HUNG, MountError, canonical, mounts, probe
+from tierfs.cli.mountpoint import ALIVE, DEAD, HUNG, MountError, canonical, mounts, probe
 
 CHUNK_BYTES = 4 << 20
 WORKERS = 4
 
 
 def tierfs_mount_of(path: Path) -> str | None:
-    """The tierfs mountpoint holding ``path`` (resolved), if any."""
-    return tierfs_mount_holding(str(path.resolve()))
+    """The tierfs mountpoint holding ``path`` (resolved), if any. (realpath, not
+    ``Path.resolve``: that raised RuntimeError on a symlink loop, an "internal error".)"""
+    return tierfs_mount_holding(os.path.realpath(path))
 
 
 def hung_mount_holding(target: str) -> str | None:
@@ -122,16 +123,31 @@ def prefetch(argv: list[str]) -> int:
     if not argv or any(a.startswith("-") for a in argv):
         print("tierfs: usage: tierfs prefetch PATH...", file=sys.stderr)
         return 2
+    if not all(argv):  # ("$DIR" unset: Path("") is the working directory)
+        print("tierfs: empty PATH: usage: tierfs prefetch PATH...", file=sys.stderr)
+        return 2
     paths = [Path(a) for a in argv]
     mountpoints = set()
     for path in paths:
-        holder = hung_mount_holding(canonical(str(path)))  # (exists() would wait for ever)
-        if holder is not None:
+        holder = tierfs_mount_holding(canonical(str(path)))
+        state = probe(holder) if holder is not None else ALIVE  # (exists() could hang)
+        if state == HUNG:
             print(
                 f"tierfs: prefetch {path}: the daemon of {holder} does not answer", file=sys.stderr
             )
             return 1
-        if not path.exists():
+        if state == DEAD:
+            print(
+                f"tierfs: prefetch {path}: the daemon of {holder} is gone: tierfs unmount {holder}",
+                file=sys.stderr,
+            )
+            return 1
+        try:
+            exists = path.exists()
+        except OSError as err:  # (pathlib re-raises all but ENOENT, ENOTDIR, EBADF, ELOOP)
+            print(f"tierfs: {path}: {err.strerror or err}", file=sys.stderr)
+            return 1
+        if not exists:
             print(f"tierfs: {path}: no such file or directory", file=sys.stderr)
             return 1
         mountpoint = tierfs_mount_of(path)

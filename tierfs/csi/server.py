@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import stat
@@ -43,6 +44,19 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"csi: {message} (try 'tierfs csi --help')")
 
 
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0: 0 made the control socket non-blocking (every
+    unpublish UNAVAILABLE), a negative one or nan made settimeout/select raise ValueError
+    (every publish INTERNAL)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, not {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tierfs csi", description="A Kubernetes CSI node plugin serving tierfs.")
     p.add_argument("--endpoint", default="unix:///csi/csi.sock", help="unix:///PATH of the socket")
@@ -64,18 +78,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--upload-timeout-s",
-        type=float,
+        type=positive_seconds,
         default=90.0,
         help="how long NodeUnpublishVolume waits for written data to reach GCS",
     )
     p.add_argument(
         "--start-timeout-s",
-        type=float,
+        type=positive_seconds,
         default=120.0,
         help="how long NodePublishVolume waits for a daemon to mount",
     )
     p.add_argument("--log-severity", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+MAX_SOCKET_PATH = 107  # bytes in sockaddr_un.sun_path, less the terminating NUL
 
 
 def socket_path(endpoint: str) -> Path:
@@ -84,7 +101,39 @@ def socket_path(endpoint: str) -> Path:
     path = endpoint.removeprefix("unix://")
     if not path.startswith("/"):
         raise UsageError(f"csi: --endpoint needs an absolute path: '{endpoint}'")
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise UsageError(
+            f"csi: --endpoint {path} is longer than {MAX_SOCKET_PATH} bytes, "
+            "the limit for a unix socket"
+        )
     return Path(path)
+
+
+class _Unusable(Exception):
+    """A local path the plugin cannot use; ``str()`` is the line for the user."""
+
+
+def prepare_endpoint(path: Path) -> None:
+    """Make the socket's directory and clear a socket left by a previous run; a path that
+    is something else (a regular file, a directory) is not replaced but refused: gRPC's
+    bind failed on it with a C-core log line and a vague second one."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise _Unusable(f"cannot use --endpoint {path}: {err.strerror or err}") from None
+    if not stat.S_ISSOCK(mode):
+        raise _Unusable(f"cannot use --endpoint {path}: it exists and is not a socket")
+    path.unlink()
+
+
+def prepare_state_dir(path: Path) -> None:
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as err:  # (a file on the way, /proc: NotADirectoryError, "internal error")
+        raise _Unusable(f"cannot use --state-dir {path}: {err.strerror or err}") from None
 
 
 def setup_logging(severity: str) -> None:
@@ -97,7 +146,12 @@ def setup_logging(severity: str) -> None:
 
 
 def run(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if not args.node_id.strip():  # (kubelet cannot register a node plugin without one)
+        p.error("--node-id must not be empty")
+    if not args.driver_name.strip():
+        p.error("--driver-name must not be empty")
     path = socket_path(args.endpoint)
     if args.metrics_address:
         from tierfs.csi.metrics import parse_address
@@ -115,7 +169,12 @@ def run(argv: list[str]) -> int:
         start_timeout_s=args.start_timeout_s,
         upload_timeout_s=args.upload_timeout_s,
     )
-    args.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        prepare_state_dir(args.state_dir)
+        prepare_endpoint(path)
+    except _Unusable as err:
+        print(f"tierfs: csi: {err}", file=sys.stderr)
+        return 1
     node = Node(settings, metrics=bool(args.metrics_address))
     exporter = None
     if args.metrics_address:
@@ -133,9 +192,6 @@ def run(argv: list[str]) -> int:
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(args.driver_name), server)
     csi_pb2_grpc.add_NodeServicer_to_server(node, server)
     csi_pb2_grpc.add_ControllerServicer_to_server(Controller(), server)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_socket() or (path.exists() and stat.S_ISSOCK(path.lstat().st_mode)):
-        path.unlink()
     try:
         server.add_insecure_port(f"unix://{path}")
     except RuntimeError as err:

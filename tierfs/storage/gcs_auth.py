@@ -24,6 +24,7 @@ from tierfs.errors import (
     AccessDenied,
 )
 from tierfs.storage.gcs_errors import _describe, _one_line
+from tierfs.storage.smallfile import read_small_file
 
 NO_CREDENTIALS = (
     "no credentials found: set GOOGLE_APPLICATION_CREDENTIALS, use --key-file,"
@@ -50,25 +51,53 @@ def _credentials(key_file: str, anonymous: bool, endpoint: str = "") -> Credenti
         return AnonymousCredentials()
     if key_file:
         return _key_file_credentials(key_file, scopes)
+    env = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     try:
+        if env:  # (google.auth reads it with no bound: a FIFO or /dev/zero hung the mount)
+            read_small_file(env)
         credentials, _ = google.auth.default(scopes=scopes)
-    except auth_exceptions.DefaultCredentialsError as exc:
+    except (
+        auth_exceptions.DefaultCredentialsError,
+        OSError,
+        ValueError,
+        AttributeError,
+        TypeError,
+    ) as exc:
+        # A directory, ``[]`` or bad JSON there raised IsADirectoryError, AttributeError
+        # or a tuple of (message, cause): "internal error" or a repr, never one line. A
+        # file that is not there is the same as no credentials at all.
+        missing = isinstance(exc, FileNotFoundError)
+        if env and not missing:
+            raise AccessDenied(
+                f"cannot use GOOGLE_APPLICATION_CREDENTIALS={env!r}: {_detail(exc)}"
+            ) from None
         if endpoint:
             raise AccessDenied(
                 f"no credentials for {endpoint}: add --anonymous-access (an emulator) or "
                 "--key-file=KEY.json"
             ) from None
-        env = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-        detail = f" (GOOGLE_APPLICATION_CREDENTIALS: {_one_line(str(exc))})" if env else ""
+        detail = f" (GOOGLE_APPLICATION_CREDENTIALS: {env} does not exist)" if env else ""
         raise AccessDenied(NO_CREDENTIALS + detail) from None
     return credentials
+
+
+def _detail(exc: BaseException) -> str:
+    """The cause of a credentials failure in words: an OSError's strerror, an exception's
+    first argument (google.auth wraps a JSONDecodeError as ``(message, cause)``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, AttributeError | TypeError):
+        return "not a JSON object of credentials"
+    first = exc.args[0] if exc.args else ""
+    return _one_line(str(first)) or type(exc).__name__
 
 
 def _key_file_credentials(key_file: str, scopes: list[str]) -> Credentials:
     """A service-account (or gcloud user) JSON key, loaded by its declared type only."""
     try:
-        with open(key_file, encoding="utf-8") as stream:
-            info = json.load(stream)
+        info = json.loads(read_small_file(key_file))
         kind = info.get("type") if isinstance(info, dict) else None
         if kind == "service_account":
             return service_account.Credentials.from_service_account_info(info, scopes=scopes)

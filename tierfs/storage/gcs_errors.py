@@ -24,6 +24,14 @@ from tierfs.storage.retry import _RetriesExhausted
 
 _MAX_DETAIL_CHARS = 300
 _ERRNO = re.compile(r"\[Errno -?\d+\][^'\")]*")
+_QUOTED = re.compile(r"'([^'\s]+)'")  # a URL in requests' words: 'http://h:1/storage/v1/...'
+
+
+def _cut_url(match: re.Match[str]) -> str:
+    """A quoted URL cut to its scheme and host: no path, no query string."""
+    text = match.group(1)
+    scheme, sep, rest = text.partition("://")
+    return f"'{scheme}{sep}{rest.split('/')[0]}'" if sep else f"'{text.split('/')[0]}'"
 
 
 def _one_line(text: str) -> str:
@@ -84,6 +92,8 @@ def _describe_transport(exc: requests.RequestException) -> str:
         kind = "timed out"
     elif isinstance(exc, requests.ConnectionError):
         kind = "connection failed"
+    elif isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.InvalidSchema):
+        kind = "bad endpoint"  # (STORAGE_EMULATOR_HOST or --custom-endpoint)
     else:
         kind = type(exc).__name__
     request = exc.request
@@ -92,7 +102,12 @@ def _describe_transport(exc: requests.RequestException) -> str:
     if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
         inner = inner.reason
     found = _ERRNO.search(str(exc))
-    detail = found.group(0).strip() if found else type(inner or exc).__name__
+    if found:
+        detail = found.group(0).strip()
+    elif isinstance(inner, str) and inner:  # (requests' own words: InvalidSchema, InvalidURL)
+        detail = _QUOTED.sub(_cut_url, inner)
+    else:
+        detail = type(inner or exc).__name__
     return _one_line(f"{kind} ({host}): {detail}" if host else f"{kind}: {detail}")
 
 
