@@ -187,14 +187,48 @@ def test_a_daemon_crash_is_not_prefixed_twice(
 def test_the_wait_for_the_daemon_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A daemon stuck before its first line (a key file that never ends) held
+    """A daemon stuck before its first line (a bucket check that never returns) held
     `tierfs mount` for ever: it is stopped after the bound, with one line."""
     fake_daemon(tmp_path, monkeypatch, "exec sleep 60")
-    monkeypatch.setattr(daemon, "START_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(daemon, "QUIET_S", 0.5)
     started = time.monotonic()
-    with pytest.raises(MountError, match=r"did not answer in [01] s"):
+    with pytest.raises(MountError, match=r"said nothing for [01] s while starting"):
         daemon.start_background(["mount", "b", str(tmp_path)], str(tmp_path))
     assert time.monotonic() - started < 5
+
+
+READY_FD = "for a; do case $a in --ready-fd=*) FD=${a#--ready-fd=};; esac; done"
+
+
+def test_a_daemon_that_says_it_moves_on_is_waited_for_past_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon uploading a journal a killed one left (minutes for a large checkpoint)
+    before it serves: a bound on its whole start killed that upload half-way at every
+    attempt, and the mount never came up. Its progress lines keep the wait going."""
+    progress = "; ".join(['echo "progress recovering" >"/dev/fd/$FD"; sleep 0.25'] * 8)
+    fake_daemon(tmp_path, monkeypatch, f'{READY_FD}; {progress}; echo ok >"/dev/fd/$FD"')
+    monkeypatch.setattr(daemon, "QUIET_S", 1.0)
+    started = time.monotonic()
+    daemon.start_background(["mount", "b", str(tmp_path)], str(tmp_path))
+    assert time.monotonic() - started >= 2.0  # waited past the bound, as it moved on
+
+
+def test_the_final_word_comes_after_progress_even_in_one_read() -> None:
+    from tierfs.cli.readiness import final_word
+
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, b"progress a\nprogress b\nok\n")
+        assert final_word(read_fd, 1.0) == "ok"
+        os.write(write_fd, b"progress c\n")
+        os.close(write_fd)
+        write_fd = -1
+        assert final_word(read_fd, 1.0) == ""  # exited without a word
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
 
 
 @pytest.mark.parametrize("number", ["1000", "99999999999999999999"])

@@ -5,6 +5,7 @@ uploaded twice with different content. (Through a real mount: test_mount_writeba
 from __future__ import annotations
 
 import errno
+import math
 import os
 import subprocess
 import sys
@@ -1426,3 +1427,28 @@ async def test_a_replayed_rename_leaves_what_another_client_wrote_under_the_old_
         assert bucket.get("d/b") == b"theirs"
     else:
         assert bucket.names() == ["f"] and bucket.get("f") == b"theirs"
+
+
+async def test_a_long_recovery_says_it_moves_on_and_a_stuck_one_does_not(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Whoever starts the daemon waits while it says it moves on (`tierfs.cli.readiness`):
+    recovery that uploads says so every `PROGRESS_EVERY_S`; one whose GCS never answers
+    says nothing, and is given up on after a quiet spell."""
+    from tierfs import mount
+
+    journal = Journal(tmp_path / "c", "wb", xattrs=False)
+    for i in range(10):
+        _record_file(journal, f"r{i:02d}", f"o{i}", b"d")
+    said: list[str] = []
+    slow = MemoryBucket("wb", latency_s=5.0)  # 10 uploads, 5 s each (and a stat each)
+    again = Journal(tmp_path / "c", "wb", xattrs=False)
+    result = await mount._recovered(again, slow, said.append)
+    assert len(result.uploaded) == 10
+    assert len(said) >= 50 // mount.PROGRESS_EVERY_S - 1
+    stuck = MemoryBucket("wb", latency_s=math.inf)
+    _record_file(Journal(tmp_path / "d", "wb", xattrs=False), "r", "o", b"d")
+    said.clear()
+    with trio.move_on_after(10 * mount.PROGRESS_EVERY_S) as gave_up:
+        await mount._recovered(Journal(tmp_path / "d", "wb", xattrs=False), stuck, said.append)
+    assert gave_up.cancelled_caught and said == []

@@ -95,9 +95,11 @@ async def serve(
     ready: Callable[[str | None], None],
     *,
     bucket: Bucket | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     """Mount and serve until unmounted or signalled. ``ready(None)`` once the mount answers,
-    ``ready(message)`` if it never will."""
+    ``ready(message)`` if it never will; ``progress(what)`` meanwhile, while a long step
+    moves on (`tierfs.cli.readiness`)."""
     mountpoint = config.mountpoint
     owned: GcsBucket | None = None
     log.debug("open files: up to %d", raise_open_file_limit())
@@ -125,7 +127,7 @@ async def serve(
         ready(str(err))
         return
     try:
-        await _serve_mounted(config, bucket, ready)
+        await _serve_mounted(config, bucket, ready, progress or (lambda what: None))
     finally:
         if owned is not None:
             owned.close()
@@ -226,8 +228,39 @@ def blocks_for(config: Config, bucket: Bucket, chain: list[Tier]) -> Blocks:
     )
 
 
+PROGRESS_EVERY_S = 10.0
+
+
+async def _recovered(journal: Journal, bucket: Bucket, progress: Callable[[str], None]) -> Any:
+    """`Journal.recover`, saying ``progress`` every `PROGRESS_EVERY_S` in which GCS got
+    requests or bytes from it: whoever started the daemon waits as long as it moves on,
+    and no longer than a quiet spell if it hangs."""
+
+    def moved() -> int:
+        counts = bucket.statistics()
+        return counts.get("requests", 0) + counts.get("bytes_written", 0)
+
+    async def say_it_moves() -> None:
+        seen = moved()
+        while True:
+            await trio.sleep(PROGRESS_EVERY_S)
+            now = moved()
+            if now != seen:
+                progress("uploading what a previous daemon left in the write-back journal")
+            seen = now
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(say_it_moves)
+        result = await journal.recover(bucket, trio.to_thread.run_sync)
+        nursery.cancel_scope.cancel()
+    return result
+
+
 async def _serve_mounted(
-    config: Config, bucket: Bucket, ready: Callable[[str | None], None]
+    config: Config,
+    bucket: Bucket,
+    ready: Callable[[str | None], None],
+    progress: Callable[[str], None],
 ) -> None:
     mountpoint = config.mountpoint
     core = settings.filesystem(config, uid=os.getuid(), gid=os.getgid())
@@ -247,7 +280,7 @@ async def _serve_mounted(
             journal = await trio.to_thread.run_sync(
                 functools.partial(Journal, Path(root), config.bucket, only_dir=config["only-dir"])
             )
-            recovered = await journal.recover(bucket, trio.to_thread.run_sync)
+            recovered = await _recovered(journal, bucket, progress)
         except OSError as err:
             ready(f"cannot use {root} for write-back: {err.strerror or err}")
             return

@@ -15,7 +15,6 @@ upload has finished.
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -34,9 +33,9 @@ from tierfs.cli.mountpoint import (
     probe,
     unmount,
 )
+from tierfs.cli.readiness import QUIET_S, final_word
 
 STOP_TIMEOUT_S = 600.0
-START_TIMEOUT_S = 300.0  # for the daemon's first line (`ok` or why not)
 HUNG_WAIT_S = 10.0  # for a daemon whose mount does not answer (stopped, deadlocked)
 
 
@@ -67,22 +66,22 @@ def start_background(child_args: Sequence[str], mountpoint: str) -> None:
         finally:
             os.close(write_fd)
         try:
-            with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
-                # Bounded: a daemon stuck before it answers (a key file that never ends,
-                # a bucket check that never returns) held `tierfs mount` for ever.
-                if not select.select([pipe], [], [], START_TIMEOUT_S)[0]:
-                    _stop_starting(child, mountpoint)
-                    raise MountError(
-                        f"the mount daemon did not answer in {START_TIMEOUT_S:.0f} s; stopped it"
-                    )
-                message = pipe.readline().strip()
-        except MountError:
-            raise
+            # Bounded by quiet, not by time: a daemon stuck before it answers (a bucket
+            # check that never returns) held `tierfs mount` for ever, while one uploading a
+            # journal left by a killed daemon says it moves on (`tierfs.cli.readiness`).
+            message = final_word(read_fd, QUIET_S)
         except BaseException:
             # Ctrl-C while it starts: no mount may come up after `tierfs mount` said it was
             # interrupted (one did, and died at its first answer: a dead mount left behind).
             _stop_starting(child, mountpoint)
             raise
+        finally:
+            os.close(read_fd)
+        if message is None:
+            _stop_starting(child, mountpoint)
+            raise MountError(
+                f"the mount daemon said nothing for {QUIET_S:.0f} s while starting; stopped it"
+            )
         if message != "ok":
             try:
                 status = child.wait(timeout=10)

@@ -7,6 +7,7 @@ No traceback reaches the user; ``TIERFS_DEBUG=1`` prints it for developers.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -292,11 +293,15 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
 
     from tierfs.cli import logs
     from tierfs.cli.memory import tune_allocator
+    from tierfs.cli.readiness import say_progress
     from tierfs.mount import serve
 
     failures: list[str] = []
 
+    said: list[bool] = []  # the final word is said: the pipe is closed (its number reused)
+
     def ready(message: str | None) -> None:
+        said.append(True)
         if message is not None:
             failures.append(message)
         if ready_fd is not None:
@@ -318,7 +323,12 @@ def run_foreground(config: Config, ready_fd: int | None) -> int:
     tune_allocator(
         config["ram-cache:block-size-mb"] << 20, max(0, config["ram-cache:max-size-mb"]) << 20
     )
-    trio.run(serve, config, ready)
+
+    def progress(what: str) -> None:
+        if ready_fd is not None and not said:
+            say_progress(ready_fd, what)
+
+    trio.run(functools.partial(serve, config, ready, progress=progress))
     return 1 if failures else 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from tierfs.cli.memory import daemon_environment
 from tierfs.cli.mountpoint import MountError, is_stale, mounted_here, unmount
+from tierfs.cli.readiness import final_word
 
 log = logging.getLogger("tierfs.csi.daemons")
 MAX_BACKOFF_S = 60.0
@@ -57,9 +57,10 @@ def spawn(args: Sequence[str], timeout_s: float) -> subprocess.Popen[bytes]:
         )
     finally:
         os.close(write_fd)
-    with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as pipe:
-        answered = select.select([pipe], [], [], timeout_s)[0]
-        message = pipe.readline().strip() if answered else None
+    try:  # ``timeout_s`` of quiet: a daemon uploading a journal says it moves on
+        message = final_word(read_fd, timeout_s)
+    finally:
+        os.close(read_fd)
     if message == "ok":
         return child
     if message is None:
@@ -73,7 +74,7 @@ def spawn(args: Sequence[str], timeout_s: float) -> subprocess.Popen[bytes]:
     if is_fuse_mounted(target):
         unmount(str(target), lazy=True)
     if message is None:
-        raise StartError(f"the tierfs daemon did not answer within {timeout_s:.0f} s")
+        raise StartError(f"the tierfs daemon said nothing for {timeout_s:.0f} s while starting")
     raise StartError(message or f"the tierfs daemon exited with status {status}")
 
 

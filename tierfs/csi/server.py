@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
         "--start-timeout-s",
         type=positive_seconds,
         default=120.0,
-        help="how long NodePublishVolume waits for a daemon to mount",
+        help="how long NodePublishVolume waits for a daemon that says nothing while it starts",
     )
     p.add_argument("--log-severity", default="info", choices=["debug", "info", "warning", "error"])
     return p
