@@ -603,6 +603,25 @@ def over_a_slow_link(
         proxy.stop()
 
 
+@contextlib.contextmanager
+def t_renamed_over_a_slow_link(
+    mount_factory: MountFactory,
+    emulator: Emulator,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    tree: dict[str, bytes],
+    cache: str,
+) -> Iterator[Mount]:
+    """A write-back mount (``cache``: its --cache-dir flag) of ``tree`` over a slow link,
+    its ``t`` just renamed to ``final``: the objects are still moving."""
+    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
+        mount = mount_factory(
+            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
+        )
+        os.rename(mount.path / "t", mount.path / "final")
+        yield mount
+
+
 @pytest.mark.parametrize("when", ["journaled", "copying", "deleting"])
 def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     mount_factory: MountFactory,
@@ -620,11 +639,9 @@ def test_kill_9_during_a_directory_rename_is_finished_by_the_next_mount(
     tree = {f"t/d{i % 4}/f{i}": str(i).encode() * 100 for i in range(128)}
     cache = f"--cache-dir={tmp_path / 'cache'}"
     moves = tmp_path / "cache" / "tierfs-writeback"
-    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
-        mount = mount_factory(
-            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
-        )
-        os.rename(mount.path / "t", mount.path / "final")
+    with t_renamed_over_a_slow_link(
+        mount_factory, emulator, gcs_client, bucket_name, tree, cache
+    ) as mount:
         if when == "journaled":
             kill_daemon(mount)
         else:
@@ -663,11 +680,9 @@ def test_a_rename_replayed_later_leaves_another_clients_new_objects_in_place(
     tree = {f"t/f{i:03d}": str(i).encode() * 100 for i in range(128)}
     cache = f"--cache-dir={tmp_path / 'cache'}"
     moves = tmp_path / "cache" / "tierfs-writeback"
-    with over_a_slow_link(emulator, gcs_client, bucket_name, tree) as endpoint:
-        mount = mount_factory(
-            "--write-back", "--implicit-dirs", cache, f"--custom-endpoint={endpoint}"
-        )
-        os.rename(mount.path / "t", mount.path / "final")
+    with t_renamed_over_a_slow_link(
+        mount_factory, emulator, gcs_client, bucket_name, tree, cache
+    ) as mount:
         wait_until(lambda: bool(list(moves.rglob("moves/*.listed"))), what="the move's listing")
         kill_daemon(mount)
     at_kill = objects(gcs_client, bucket_name)
