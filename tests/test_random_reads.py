@@ -310,3 +310,31 @@ def test_random_reads_of_an_object_in_the_ssd_tier_read_only_their_bytes(
     ssd_read = after["data"]["tiers"]["ssd"]["bytes_read"]
     ssd_read -= before["data"]["tiers"]["ssd"]["bytes_read"]
     assert 0 < ssd_read <= len(offsets) * MiB, ssd_read
+
+
+async def test_a_read_across_two_blocks_fetches_and_holds_only_its_bytes() -> None:
+    """A read across a block boundary joined the two whole blocks (a 1 MiB read held
+    16 MiB and copied it), and a random one downloaded both blocks whole: one random
+    1 MiB read in eight crosses a boundary of 8 MiB blocks."""
+    bucket = MemoryBucket("b")
+    data = random.Random(9).randbytes(20 * MiB)
+    generation = bucket.put("obj", data).generation
+    blocks = Blocks(
+        bucket, [RamTier(64 * MiB)], block_size=BLOCK, downloads=trio.CapacityLimiter(4)
+    )
+    reader = BlockReader(blocks, "obj", generation, len(data), spawn=None, max_ahead_bytes=BLOCK)
+    offset = BLOCK - MiB // 2
+    got = await reader.read(offset, MiB)  # a random reader's first read
+    assert bytes(got) == data[offset : offset + MiB]
+    assert (blocks.gcs_blocks, blocks.gcs_bytes) == (0, MiB)  # pieces, not two blocks
+    held = got.obj if isinstance(got, memoryview) else got
+    assert len(held) == MiB
+    offset = 2 * BLOCK - 4096  # a sequential reader crossing the next boundary
+    sequential = BlockReader(blocks, "obj", generation, len(data), spawn=None, max_ahead_bytes=0)
+    await sequential.read(0, 4096)
+    for start in range(4096, offset, 4 * MiB):
+        await sequential.read(start, 4 * MiB)
+    got = await sequential.read(offset, 8192)
+    assert bytes(got) == data[offset : offset + 8192]
+    held = got.obj if isinstance(got, memoryview) else got
+    assert len(held) == 8192
