@@ -542,3 +542,24 @@ def test_on_a_mount_never_without_a_request_out_the_changes_kept_stay_bounded() 
     assert cache.get("late").info.generation == 5  # the newer change still wins
     cache.answered(previous)
     assert not cache._touched
+
+
+@pytest.mark.parametrize("elsewhere", ["replaced", "deleted"])
+async def test_touch_of_a_file_another_client_changed_succeeds(
+    tmp_path: Path, elsewhere: str
+) -> None:
+    """gcsfuse's SetMtime ignores "not found" and "changed": ``touch``, ``cp -p`` and
+    ``rsync -t`` on a shared bucket go on (tierfs said ESTALE or ENOENT). Theirs stays
+    untouched, and the next lookup finds it."""
+    fs, bucket, _clock = make(tmp_path, metadata_ttl_s=60.0)
+    bucket.put("f", b"ours")
+    inode = await fs.lookup(ROOT_INO, "f")
+    if elsewhere == "replaced":
+        bucket.put("f", b"theirs, longer")
+    else:
+        await bucket.delete("f")
+    attr = await fs.setattr(inode.ino, mtime_ns=1_234_567_890_000_000_000)
+    assert attr.mtime_ns == 1_234_567_890_000_000_000  # this mount's, as gcsfuse's
+    if elsewhere == "replaced":
+        assert "gcsfuse_mtime" not in (await bucket.stat("f")).metadata
+        assert (await fs.lookup(ROOT_INO, "f")).size == len(b"theirs, longer")

@@ -613,6 +613,20 @@ def test_utime_sets_gcsfuse_mtime(area: Area, gcs_client: storage.Client, tmp_pa
     assert meta["gcsfuse_mtime"] == "2005-03-18T01:58:31.123456789Z"
 
 
+def test_touch_of_a_file_another_client_deleted_succeeds(
+    area: Area, gcs_client: storage.Client
+) -> None:
+    """gcsfuse's SetMtime ignores "not found" (and "changed": *core*
+    `test_metadata.py::test_touch_of_a_file_another_client_replaced_succeeds`; the emulator
+    patches the live object whatever generation is asked): ``touch``, ``cp -p`` and
+    ``rsync -t`` on a shared bucket go on. tierfs said ENOENT."""
+    path = area.path / "f"
+    path.write_bytes(b"ours")
+    assert os.stat(path).st_size == 4  # known to the mount, at our generation
+    gcs_client.bucket(area.bucket).blob(area.obj("f")).delete()
+    run("touch", "-d", "@1234567890", path)
+
+
 def test_mtime_survives_remount(mount_factory: MountFactory, gcs_client: storage.Client) -> None:
     first = mount_factory()
     (first.path / "f").write_bytes(b"keep my time")

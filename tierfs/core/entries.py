@@ -80,11 +80,17 @@ class Entries(_Base):
 
     async def _patch_mtime(self, inode: Inode, object_name: str, mtime_ns: int) -> None:
         """Set gcsfuse_mtime on the inode's uploaded object (a file or a symlink) without
-        rewriting its bytes."""
+        rewriting its bytes. Its object deleted or replaced by another client meanwhile:
+        the mtime stays this mount's, and the call succeeds, as gcsfuse's (``touch``,
+        ``cp -p``, ``rsync -t`` on a shared bucket failed with ENOENT or ESTALE)."""
         async with self._lock(inode):
-            info = await self.bucket.update_metadata(
-                object_name, {MTIME_KEY: format_mtime(mtime_ns)}, generation=inode.generation
-            )
+            try:
+                info = await self.bucket.update_metadata(
+                    object_name, {MTIME_KEY: format_mtime(mtime_ns)}, generation=inode.generation
+                )
+            except (NotFound, PreconditionFailed):
+                self.names.forget(inode.path)  # the next lookup finds what is there now
+                return
             inode.metageneration = info.metageneration
             inode.metadata = dict(info.metadata)
             self.names.learned(inode.path, Found(False, info))
