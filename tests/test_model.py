@@ -30,7 +30,7 @@ from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO, Kind
 from tierfs.core.writeback import Journal
-from tierfs.errors import TierfsError, errno_of
+from tierfs.errors import BackendError, PreconditionFailed, TierfsError, errno_of
 from tierfs.storage.memory import MemoryBucket
 
 NAMES = ["a", "b", "c"]
@@ -366,6 +366,28 @@ def test_write_back_core_matches_model(
             finally:
                 fs.close()
                 nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_an_unlink_whose_copy_for_open_handles_fails_still_unlinks(tmp_path: Path) -> None:
+    """The copy kept for a file's open handles failed (GCS, a full temp-dir): the unlink
+    said EIO and the file stayed. gcsfuse copies nothing: the unlink goes on, and the
+    handles read ESTALE."""
+
+    async def main() -> None:
+        bucket = MemoryBucket("model")
+        fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)))
+        bucket.put("f", b"keep me")
+        ino = (await fs.lookup(ROOT_INO, "f")).ino
+        handle = await fs.open(ino, os.O_RDONLY)
+        bucket.fail_next("read", BackendError("503, retries used up"))
+        await fs.unlink(ROOT_INO, "f")
+        assert "f" not in bucket.names()
+        with pytest.raises(PreconditionFailed):
+            await fs.read(handle.fh, 0, 100)
+        await fs.release(handle.fh)
+        fs.close()
 
     trio.run(main)
 

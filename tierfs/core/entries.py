@@ -181,7 +181,9 @@ class Entries(_Base):
                 self._forget_record(inode)
 
     async def _stage_unlocked(self, inode: Inode) -> None:
-        """Keep an unlinked file readable by its open handles: copy it locally first."""
+        """Keep an unlinked file readable by its open handles: copy it locally first. A
+        copy that fails (GCS, a full temp-dir) does not fail the unlink, as gcsfuse's,
+        which copies nothing: those handles then read ESTALE (it said EIO, the file kept)."""
         info = ObjectInfo(
             self.names.file_object(inode.path), inode.size, inode.generation, inode.metageneration
         )
@@ -191,6 +193,14 @@ class Entries(_Base):
                     self.bucket, info, self.settings.temp_dir, inode.size
                 )
         except NotFound:
+            return
+        except Exception as err:  # (not a cancel: an interrupted unlink stays undone)
+            log.warning(
+                "unlink of %s: could not keep a copy for its open handles (%s); they will "
+                "read ESTALE",
+                inode.path,
+                root_cause(err),
+            )
             return
         inode.staged.uploaded_version = inode.staged.version
 
