@@ -1192,3 +1192,38 @@ async def test_a_huge_max_conns_per_host_still_connects_at_once_and_works(
         assert bytes(got) == b"works"
     finally:
         gcs.close()
+
+
+def test_a_retried_call_holds_no_failed_attempts_locals() -> None:
+    """The retry helper keeps each failed attempt's error until the call ends, and each
+    error its attempt's frames: a read's 8 MiB block buffer per failed attempt stayed alive
+    (outside the RAM tier's budget) until the retries ended and a collection ran."""
+    import weakref
+
+    import requests
+
+    from tierfs.storage.retry import _BoundedRetry, _is_transient
+
+    class Buffer:
+        pass
+
+    made: list[weakref.ref[Buffer]] = []
+    alive_at_attempt: list[int] = []
+
+    def attempt() -> str:
+        alive_at_attempt.append(sum(ref() is not None for ref in made))
+        buffer = Buffer()  # a local of the failing frame, as a read's block buffer is
+        made.append(weakref.ref(buffer))
+        if len(made) < 5:
+            raise requests.ConnectionError("connection reset")
+        return "read"
+
+    retry = _BoundedRetry(
+        predicate=_is_transient, initial=0.001, maximum=0.001, multiplier=1, max_attempts=10
+    )
+    gc.disable()
+    try:
+        assert retry(attempt)() == "read"
+    finally:
+        gc.enable()
+    assert alive_at_attempt == [0, 0, 0, 0, 0]

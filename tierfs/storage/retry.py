@@ -104,6 +104,19 @@ def _release(exc: BaseException) -> None:
             response.close()
 
 
+def _drop_frames(exc: BaseException) -> None:
+    """Let go of the frames a failed attempt's error holds. The retry helper keeps every
+    error until the call ends, and each error's traceback its attempt's locals: a read's
+    8 MiB block buffer per failed attempt, alive until the retries end (and a collection
+    runs), outside the RAM tier's budget. The error's text, all that is logged, stays."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+
+
 def _is_transient(exc: Exception) -> bool:
     """Worth another attempt: throttling, server errors, broken or slow connections."""
     if isinstance(exc, api_exceptions.GoogleAPICallError):
@@ -158,6 +171,7 @@ class _BoundedRetry(Retry):
             def before_retry(exc: Exception) -> None:
                 nonlocal attempts
                 _release(exc)
+                _drop_frames(exc)
                 if max_attempts and attempts >= max_attempts:
                     raise _RetriesExhausted(attempts, exc) from exc
                 if give_up_at is not None and time.monotonic() >= give_up_at:
