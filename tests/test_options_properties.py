@@ -315,6 +315,9 @@ def value_texts(option: Option) -> st.SearchStrategy[str]:
         return st.integers(1, 4096).map(lambda n: str(n * 4096))
     if option.path == "write:block-size-mb":
         return st.integers(1, 4096).map(lambda n: repr(n / 4))
+    if option.path == "app-name":  # it goes into the User-Agent header: printable ASCII
+        return st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E,
+                       exclude_characters=","), max_size=12)  # fmt: skip
     if isinstance(kind, BoolKind):
         return st.sampled_from([*BOOL_SPELLINGS[True], *BOOL_SPELLINGS[False]])
     if isinstance(kind, OctalKind):
