@@ -45,6 +45,8 @@ class Stream:
         self._sent = trio.Event()
         self._ended = False
         self._aborting = False
+        self._handed = 0  # bytes the sender has handed to the upload (or dropped)
+        self._handing = trio.Event()  # set (and replaced) each time it hands some
 
     async def run(self) -> None:
         """The sender (spawned once): hands queued writes to the upload in order."""
@@ -56,8 +58,18 @@ class Stream:
                     except Exception as err:  # keep draining: the writer must not block
                         self.failed = err
                         log.warning("streaming upload failed, falling back: %s", err)
+                self._handed += len(data)
+                self._handing.set()
+                self._handing = trio.Event()
         finally:
             self._sent.set()
+
+    async def handed(self) -> None:
+        """Until every write queued so far is in the upload's hands (the chunks it filled
+        sent), or the stream is over: what an fsync waits for (`WritePath.fsync`)."""
+        target = self.queued
+        while self._handed < target and not self._sent.is_set():
+            await self._handing.wait()
 
     async def write(self, offset: int, data: bytes) -> bool:
         """Queue an in-order write; False if it is not in order (or the stream is over):

@@ -54,11 +54,19 @@ class WritePath(_Base):
         await self._persist(self.files[fh].inode)
 
     async def fsync(self, fh: int) -> None:
-        """Without write-back: upload now. With write-back: the data and its journal record
-        are durable on the local tier when this returns (the upload waits for the last
-        close); ``write:fsync-to-gcs`` makes it wait for GCS too (and retry a failed
-        background upload: its error is this call's error)."""
+        """Without write-back: upload now; a file streaming (`tierfs.core.streaming`) only
+        has what was written so far handed to its upload, the object is made at close, as
+        gcsfuse's (an fsync made the object, and the next close uploaded the whole file
+        again: a log fsync'd at each line went up whole each time). With write-back: the
+        data and its journal record are durable on the local tier when this returns (the
+        upload waits for the last close); ``write:fsync-to-gcs`` makes it wait for GCS too
+        (and retry a failed background upload: its error is this call's error)."""
         inode = self.files[fh].inode
+        stream = inode.stream
+        if self.journal is None and stream is not None and stream.failed is None:
+            await stream.handed()
+            if inode.stream is stream and stream.failed is None:
+                return
         if self.journal is not None and not self.settings.fsync_to_gcs:
             await self._commit(inode, durable=True)
         else:
