@@ -16,8 +16,9 @@ import trio.testing
 
 from tierfs.cache.ram import RamTier
 from tierfs.core.blockreader import BlockReader
-from tierfs.core.blocks import UNREAD_WORKERS, Blocks
+from tierfs.core.blocks import Blocks
 from tierfs.core.pace import PACE_WAIT_S
+from tierfs.core.wholeobjects import UNREAD_WORKERS
 from tierfs.storage import Into
 from tierfs.storage.memory import MemoryBucket
 

@@ -237,3 +237,62 @@ async def test_files_left_open_after_one_read_keep_at_most_a_few_blocks() -> Non
         assert bytes(await reader.read(4096, 8192)) == data[4096:12288]
         reader.close()
     assert len(blocks.kept_last) == 0
+
+
+async def test_an_interrupted_reader_leaves_its_download_which_keeps_its_memory_until_done(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A reader interrupted mid-download (FUSE INTERRUPT: the process was killed) cancelled
+    the download in its own task: the RAM tier's room for it was given back at once, while
+    the abandoned GCS thread went on filling its buffer (16 such at the defaults: 256 MiB
+    outside the budget). The fetch is a task of its own: the reader leaves, the download
+    ends, its room is held until then, and the block lands in the tier."""
+    from tierfs.core.background import Background
+
+    bucket = MemoryBucket("b", latency_s=2.0)
+    data = os.urandom(BLOCK)
+    key = BlockKey("obj", bucket.put("obj", data).generation, 0)
+    ram = RamTier(16 * BLOCK)
+    blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
+    async with trio.open_nursery() as nursery:
+        blocks.spawner = Background(nursery).spawner
+        with trio.move_on_after(1) as interrupted:
+            await blocks.get(key, len(data))
+        assert interrupted.cancelled_caught
+        assert ram.statistics()["reserved_bytes"] == DOWNLOAD_COPIES * BLOCK  # still held
+        await trio.sleep(2)
+        assert ram.statistics()["reserved_bytes"] == 0
+        assert bytes(await ram.get(key) or b"") == data  # and it landed
+        assert await blocks.get(key, len(data)) == data
+        assert bucket.statistics()["media_reads"] == 1
+
+
+async def test_a_reader_has_its_block_before_the_slower_tiers_and_unmount_waits_for_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The fetch being a task of its own, its reader has the block once it is downloaded,
+    not after the slower tiers (SSD, shared) stored it; at unmount `fetches_settled` waits
+    for them, so a restore after the remount finds every block on disk."""
+    from tierfs.core.background import Background
+
+    class SlowTier(RamTier):
+        name = "slow"
+
+        async def put(self, key: BlockKey, data: bytes) -> None:  # type: ignore[override]
+            await trio.sleep(5)
+            await super().put(key, data)
+
+    bucket = MemoryBucket("b")
+    data = os.urandom(BLOCK)
+    key = BlockKey("obj", bucket.put("obj", data).generation, 0)
+    ram, slow = RamTier(16 * BLOCK), SlowTier(16 * BLOCK)
+    blocks = Blocks(
+        bucket, [ram, slow], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+    )
+    async with trio.open_nursery() as nursery:
+        blocks.spawner = Background(nursery).spawner
+        start = trio.current_time()
+        assert await blocks.get(key, len(data)) == data
+        assert trio.current_time() - start < 1 and not slow.holds(key)
+        await blocks.fetches_settled()
+        assert slow.holds(key) and trio.current_time() - start >= 5

@@ -15,7 +15,7 @@ import google_crc32c
 from google.cloud import storage
 
 from tests.conftest import MountFactory
-from tests.mounting import TIERFS, Mount, stats
+from tests.mounting import TIERFS, Mount, stats, wait_until
 from tests.test_mount_option_effects import free_port, scrape
 from tierfs.cache.shared_format import MARKER_SUFFIX, SHARED_MAGIC
 from tierfs.cache.ssd_format import _TMP_PREFIX, HEADER
@@ -72,8 +72,10 @@ def test_a_mount_joining_later_reads_a_checkpoint_with_no_gcs_media_read(
     first = node(mount_factory, tmp_path, "a")
     for name, data in shards.items():
         assert (first.path / name).read_bytes() == data
+    # Two 8 MiB blocks per shard, published off the reader's path (its read returns once
+    # the block is downloaded; the slower tiers store it after).
+    wait_until(lambda: len(block_files(tmp_path)) == 3 * 2, what="the blocks published")
     published = block_files(tmp_path)
-    assert len(published) == 3 * 2  # two 8 MiB blocks per shard
     assert all(whole(p) for p in published)
     modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "share").rglob("*")}
     assert modes <= {0o600, 0o700}, modes

@@ -219,6 +219,7 @@ class Filesystem(
         self.blocks = blocks or Blocks(
             bucket, [], block_size=8 << 20, downloads=trio.CapacityLimiter(16)
         )
+        self.blocks.spawner = lambda: self.background.spawner()  # (tests attach theirs later)
         self._copies = CacheCopies()  # uploads kept in the SSD tier, in the background
         self._monotonic_s = monotonic_s
         self._prefetched_dirs: dict[str, float] = {}

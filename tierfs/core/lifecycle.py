@@ -23,6 +23,7 @@ else:
 
 log = logging.getLogger("tierfs.fs")
 MOVES_AT_UNMOUNT_S = 300.0  # unmount waits this long for background renames (journaled)
+FETCHES_AT_UNMOUNT_S = 60.0  # ... and for blocks read whose slower tiers are storing them
 SYNC_UPLOADS = 16  # uploads at a time for `tierfs sync`, unmount and SIGTERM
 
 
@@ -181,6 +182,8 @@ class Lifecycle(_Base):
         if self._copies.running:
             log.info("unmount: finishing the SSD-tier copies of %d uploads", self._copies.running)
         await self._copies.wait_idle()
+        with trio.move_on_after(FETCHES_AT_UNMOUNT_S):  # blocks read, still being stored
+            await self.blocks.fetches_settled()
         await self.blocks.seal_pending()
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ SSD tiers back 1.2-1.5x; with waits counted and this lead, 0.0-0.17x (a mount al
 without a RAM tier (nothing kept to be evicted) are not paced at all.
 
 `reading` and `readers_back` tell a fill whether its object has readers now: one nobody
-has open goes on with fewer workers (`tierfs.core.blocks.UNREAD_WORKERS`).
+has open goes on with fewer workers (`tierfs.core.wholeobjects.UNREAD_WORKERS`).
 """
 
 from __future__ import annotations
