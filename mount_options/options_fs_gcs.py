@@ -87,8 +87,8 @@ OPTIONS: tuple[Option, ...] = (
         "file-system:strong-consistency-on-open",
         _B,
         False,
-        "Check GCS on every open; ESTALE if the object changed.",
-        effect=ACCEPTED,
+        "Ask GCS on every open, past every cache; an object another client replaced or"
+        " deleted since is ESTALE, and the kernel opens what is there now.",
     ),
     _opt(
         "file-system:enable-kernel-reader", _B, False, "Rely on kernel read-ahead for reads.", **_A

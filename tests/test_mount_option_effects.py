@@ -84,6 +84,29 @@ def test_an_option_without_effect_is_named_in_one_warning(mount_factory: MountFa
     assert "file-system:experimental-enable-dentry-cache" in warnings[0]
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_strong_consistency_on_open_opens_what_gcs_has_now(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, asked: bool
+) -> None:
+    """``--strong-consistency-on-open`` (gcsfuse's): each open asks GCS, past the metadata
+    cache (60 s at the defaults), so a file another client replaced opens with its new
+    bytes at once, and one it deleted is gone. Without it the mount keeps what it knew for
+    the TTL, as gcsfuse does. (It was accepted without effect.)"""
+    blob = gcs_client.bucket(bucket_name).blob("weights.bin")
+    blob.upload_from_string(b"first version")
+    mount = mount_factory(*(["--strong-consistency-on-open"] if asked else []))
+    path = mount.path / "weights.bin"
+    assert path.read_bytes() == b"first version"
+    blob.upload_from_string(b"the second version, longer")
+    with open(path, "rb") as handle:
+        got = handle.read()
+    assert got == (b"the second version, longer" if asked else b"first version")
+    if asked:
+        blob.delete()
+        with pytest.raises(FileNotFoundError):
+            open(path, "rb").close()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -79,6 +79,7 @@ def filesystem(config: Config, uid: int, gid: int) -> Settings:
         passthrough=config["file-cache:passthrough"],
         slow_request_s=float(config["logging:slow-request-secs"]),
         ignore_interrupts=config["file-system:ignore-interrupts"],
+        consistent_open=config["file-system:strong-consistency-on-open"],
     )
 
 

@@ -113,6 +113,7 @@ class Settings:
     stream_chunk_bytes: int = 32 << 20
     slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.fuse.watchdog)
     ignore_interrupts: bool = True  # gcsfuse's: a signal does not cancel (a death does)
+    consistent_open: bool = False  # strong-consistency-on-open: each open asks GCS first
 
 
 _SYMLINK_MODE = stat.S_IFLNK | 0o777
@@ -317,6 +318,8 @@ class Filesystem(
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         if writable:
             self._writable()
+        if self.settings.consistent_open:
+            await self._still_current(inode)
         eligible = (
             self.settings.passthrough
             and not writable
@@ -338,6 +341,21 @@ class Filesystem(
             self._close_handle(handle)
             raise
         return handle
+
+    async def _still_current(self, inode: Inode) -> None:
+        """``strong-consistency-on-open``, as gcsfuse's: an open asks GCS for the object's
+        generation, past every cache; another client's since (or none) is ESTALE, and the
+        kernel looks the name up again, once, and opens what is there now. (A file written
+        here and not uploaded yet, or moving under a background rename, is this mount's.)"""
+        if not inode.generation or inode.staged is not None or inode.remote is not None:
+            return
+        try:
+            info = await self.bucket.stat(self.names.file_object(inode.path))
+        except NotFound:
+            info = None
+        if info is None or info.generation != inode.generation:
+            self.names.forget(inode.path)
+            raise PreconditionFailed(inode.path)
 
     def _open_handle(self, inode: Inode, *, writable: bool, flags: int) -> FileHandle:
         direct = bool(flags & getattr(os, "O_DIRECT", 0))
