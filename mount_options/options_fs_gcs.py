@@ -124,7 +124,14 @@ OPTIONS: tuple[Option, ...] = (
         effect=ACCEPTED,
     ),
     _opt("file-system:experimental-enable-readdirplus", _B, False, "Use READDIRPLUS.", **_HA),
-    _opt("file-system:experimental-o-direct", _B, False, "direct_io on every handle.", **_HA),
+    _opt(
+        "file-system:experimental-o-direct",
+        _B,
+        False,
+        "direct_io on every handle: every read and write goes to the daemon, no page cache"
+        " (and no passthrough).",
+        hidden=True,
+    ),
     _opt("file-system:kernel-params-file", _P, "", "GKE kernel-params file.", **_HA),
     # -- write --------------------------------------------------------------------------------
     _opt(

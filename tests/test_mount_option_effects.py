@@ -107,6 +107,23 @@ def test_strong_consistency_on_open_opens_what_gcs_has_now(
             open(path, "rb").close()
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_experimental_o_direct_sends_every_read_to_the_daemon(
+    mount_factory: MountFactory, gcs_client: storage.Client, bucket_name: str, asked: bool
+) -> None:
+    """``--experimental-o-direct`` (gcsfuse's): direct_io on every handle, so a file read
+    twice is read from the daemon twice; without it the page cache answers the second
+    read. (It was accepted without effect.)"""
+    data = os.urandom(3 << 20)
+    gcs_client.bucket(bucket_name).blob("shard").upload_from_string(data)
+    mount = mount_factory(*(["--experimental-o-direct"] if asked else []))
+    assert (mount.path / "shard").read_bytes() == data
+    first = stats(mount)["requests"]["operations"]["read"]["count"]
+    assert (mount.path / "shard").read_bytes() == data
+    again = stats(mount)["requests"]["operations"]["read"]["count"] - first
+    assert again >= 3 if asked else again == 0
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -71,7 +71,9 @@ def filesystem(config: Config, uid: int, gid: int) -> Settings:
         metadata_prefetch_entries=config["metadata-cache:metadata-prefetch-entries-limit"],
         write_back_delay_s=float(config["write:write-back-delay-secs"]),
         fsync_to_gcs=config["write:fsync-to-gcs"],
-        write_passthrough=config["write:passthrough"],
+        # (a file the kernel writes itself goes through its page cache)
+        write_passthrough=config["write:passthrough"]
+        and not config["file-system:experimental-o-direct"],
         max_streams=max_streams(config),
         stream_chunk_bytes=max(1, int(config["write:block-size-mb"] * 4)) << 18,  # 256 KiB
         file_cache=file_cache_enabled(config.settings) or shared(config).enabled,
@@ -80,6 +82,7 @@ def filesystem(config: Config, uid: int, gid: int) -> Settings:
         slow_request_s=float(config["logging:slow-request-secs"]),
         ignore_interrupts=config["file-system:ignore-interrupts"],
         consistent_open=config["file-system:strong-consistency-on-open"],
+        direct_io=config["file-system:experimental-o-direct"],
     )
 
 

@@ -114,6 +114,7 @@ class Settings:
     slow_request_s: float = 30.0  # a request waiting this long is logged (tierfs.fuse.watchdog)
     ignore_interrupts: bool = True  # gcsfuse's: a signal does not cancel (a death does)
     consistent_open: bool = False  # strong-consistency-on-open: each open asks GCS first
+    direct_io: bool = False  # experimental-o-direct: no page cache for any file's data
 
 
 _SYMLINK_MODE = stat.S_IFLNK | 0o777
@@ -322,6 +323,7 @@ class Filesystem(
             await self._still_current(inode)
         eligible = (
             self.settings.passthrough
+            and not self.settings.direct_io
             and not writable
             and not flags & os.O_TRUNC
             and inode.staged is None
@@ -358,7 +360,7 @@ class Filesystem(
             raise PreconditionFailed(inode.path)
 
     def _open_handle(self, inode: Inode, *, writable: bool, flags: int) -> FileHandle:
-        direct = bool(flags & getattr(os, "O_DIRECT", 0))
+        direct = bool(flags & getattr(os, "O_DIRECT", 0)) or self.settings.direct_io
         handle = FileHandle(self.files.next_number(), inode, writable, direct_io=direct)
         inode.open_handles += 1
         self._writers += writable
