@@ -930,6 +930,24 @@ def test_statfs(area: Area) -> None:
     run("df", area.path)
 
 
+def test_find_walks_every_directory_which_counts_no_links(area: Area) -> None:
+    """Directories say nlink 1, as gcsfuse's (their subdirectories are not counted): with
+    2, find's leaf optimisation (nlink - 2 subdirectories) may skip what is below."""
+    for name in ("a/b/c/f1", "a/b/f2", "a/d/f3", "e/f4"):
+        (area.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (area.path / name).write_bytes(b"x")
+    assert os.stat(area.path / "a").st_nlink == 1
+    found = subprocess.run(
+        ["find", str(area.path), "-type", "f"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert sorted(os.path.relpath(p, area.path) for p in found) == [
+        "a/b/c/f1",
+        "a/b/f2",
+        "a/d/f3",
+        "e/f4",
+    ]
+
+
 def test_hard_link_unsupported(area: Area, gcs_client: storage.Client) -> None:
     (area.path / "f").write_bytes(b"f")
     # tierfs answers LINK with ENOSYS, as gcsfuse does; Linux's FUSE client turns ENOSYS

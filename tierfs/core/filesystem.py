@@ -271,7 +271,9 @@ class Filesystem(
         if kind is Kind.FILE:
             mode, nlink, entry_s = self._file_mode, 1, s.entry_timeout_s
         elif kind is Kind.DIR:
-            mode, nlink = self._dir_mode, 2
+            # 1, as gcsfuse's: "subdirectories not counted". 2 told find (whose leaf
+            # optimisation trusts nlink - 2 subdirectories) that none was below.
+            mode, nlink = self._dir_mode, 1
             entry_s = s.entry_timeout_s if self._confirmed(inode) else 0.0
         else:
             mode, nlink, entry_s = _SYMLINK_MODE, 1, s.entry_timeout_s
