@@ -563,3 +563,27 @@ async def test_touch_of_a_file_another_client_changed_succeeds(
     if elsewhere == "replaced":
         assert "gcsfuse_mtime" not in (await bucket.stat("f")).metadata
         assert (await fs.lookup(ROOT_INO, "f")).size == len(b"theirs, longer")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected_ns"),
+    [
+        ({"gcsfuse_mtime": "2024-05-06T07:08:09.123456789Z"}, 1_714_979_289_123_456_789),
+        ({"gcsfuse_mtime": "2024-05-06T09:08:09.123456789+02:00"}, 1_714_979_289_123_456_789),
+        ({"gcsfuse_mtime": "2024-05-06T02:08:09.5-05:00"}, 1_714_979_289_500_000_000),
+        ({"gcsfuse_mtime": "2024-05-06T07:08:09z"}, 1_714_979_289_000_000_000),
+        ({"goog-reserved-file-mtime": "-86400"}, -86_400_000_000_000),
+        ({"gcsfuse_mtime": "not a time"}, 42_000_000_000),
+    ],
+)
+def test_an_mtime_with_any_rfc3339_offset_is_read(
+    metadata: dict[str, str], expected_ns: int
+) -> None:
+    """gcsfuse reads ``gcsfuse_mtime`` with Go's RFC 3339 parser, offsets included; a time
+    written with ``+02:00`` by another tool was ignored here (the update time shown), and
+    a legacy mtime before 1970 too."""
+    from tierfs.core.writer import format_mtime, parse_mtime
+
+    assert parse_mtime(metadata, 42.0) == expected_ns
+    if "gcsfuse_mtime" in metadata and expected_ns != 42_000_000_000:
+        assert parse_mtime({"gcsfuse_mtime": format_mtime(expected_ns)}, 0) == expected_ns

@@ -202,21 +202,36 @@ def format_mtime(mtime_ns: int) -> str:
 
 
 def parse_mtime(metadata: Mapping[str, str], updated_s: float) -> int:
-    """mtime in ns: ``gcsfuse_mtime``, else ``goog-reserved-file-mtime``, else the update time."""
+    """mtime in ns: ``gcsfuse_mtime``, else ``goog-reserved-file-mtime``, else the update time.
+    Any RFC 3339 offset is taken (gcsfuse writes Z; it reads ``+02:00`` too, as Go's parser
+    does: such a time was ignored here, and the update time shown), and a legacy time
+    before 1970 (negative seconds)."""
     text = metadata.get(MTIME_KEY)
     if text:
         try:
-            head, _, frac = text.rstrip("Z").partition(".")
+            text, offset_s = _offset(text.strip())
+            head, _, frac = text.partition(".")
             if len(head) == 19 and head[10] == "T":  # (fromisoformat: 0.2 us, strptime 9)
                 base = datetime.datetime.fromisoformat(head)
             else:
                 base = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S")
-            seconds = int(base.replace(tzinfo=datetime.UTC).timestamp())
+            seconds = int(base.replace(tzinfo=datetime.UTC).timestamp()) - offset_s
             nanos = int((frac + "000000000")[:9]) if frac else 0
             return seconds * 1_000_000_000 + nanos
         except ValueError:
             pass
     legacy = metadata.get("goog-reserved-file-mtime")
-    if legacy and legacy.isdigit():
+    if legacy and legacy.removeprefix("-").isdigit():
         return int(legacy) * 1_000_000_000
     return int(updated_s * 1_000_000_000)
+
+
+def _offset(text: str) -> tuple[str, int]:
+    """An RFC 3339 time without its zone, and the zone's offset east of UTC in seconds."""
+    if text[-1:] in ("Z", "z"):
+        return text[:-1], 0
+    if len(text) > 6 and text[-6] in "+-" and text[-3] == ":":
+        hours, minutes = int(text[-5:-3]), int(text[-2:])
+        sign = 1 if text[-6] == "+" else -1
+        return text[:-6], sign * (hours * 3600 + minutes * 60)
+    return text, 0
