@@ -563,3 +563,29 @@ def test_the_reader_takes_regular_files_only(tmp_path: Path, fifo: Path) -> None
         assert caught.value.strerror == why
     (tmp_path / "ok.json").write_text(json.dumps({"a": "b"}))
     assert json.loads(read_small_file(str(tmp_path / "ok.json"))) == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("fstype", "served", "ours"),
+    [("fuse.sshfs", False, False), ("fuse", False, False), ("fuse", True, True)],
+)
+def test_unmount_takes_off_only_tierfs_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fstype: str, served: bool, ours: bool
+) -> None:
+    """`tierfs unmount ~/sshfs` unmounted an sshfs mount: any fuse.* was taken. Only
+    fuse.tierfs, or a plain fuse mount (/dev/fd/N) a tierfs daemon serves, is."""
+    from tierfs.cli.mountpoint import MountEntry
+
+    point = str(tmp_path)
+    unmounted: list[str] = []
+    monkeypatch.setattr(daemon, "mounted_here", lambda path: MountEntry("x", point, fstype))
+    monkeypatch.setattr(daemon, "daemon_pids", lambda path: [99999999] if served else [])
+    monkeypatch.setattr(daemon, "unmount", lambda path, lazy=False: unmounted.append(path))
+    monkeypatch.setattr(daemon, "probe", lambda path: daemon.ALIVE)
+    if ours:
+        daemon.stop(point, timeout_s=1)
+        assert unmounted == [point]
+    else:
+        with pytest.raises(MountError, match=f"is not a tierfs mount \\({fstype}\\)"):
+            daemon.stop(point, timeout_s=1)
+        assert unmounted == []

@@ -139,9 +139,11 @@ def stop(mountpoint: str, *, timeout_s: float = STOP_TIMEOUT_S) -> None:
     entry = mounted_here(path)
     if entry is None:
         raise MountError(f"{path} is not mounted")
-    if not entry.fstype.startswith("fuse"):
-        raise MountError(f"{path} is not a tierfs mount ({entry.fstype})")
     pids = daemon_pids(path)
+    # fuse.tierfs, or a plain "fuse" mount (/dev/fd/N, mounted by someone else) that a
+    # tierfs daemon serves: another FUSE file system (sshfs...) is not ours to unmount.
+    if entry.fstype != "fuse.tierfs" and not (entry.fstype == "fuse" and pids):
+        raise MountError(f"{path} is not a tierfs mount ({entry.fstype})")
     state = probe(path)
     unmount(path, lazy=state != ALIVE)
     # A daemon that does not answer is not waited for as long as one uploading.
