@@ -130,3 +130,28 @@ def test_a_tier_of_unknown_size_bounds_no_prefetch(monkeypatch: pytest.MonkeyPat
     )
     assert prefetch_module.tier_capacity("shared") is None
     assert prefetch_module.tier_capacity("ram") == 5
+
+
+def test_a_directory_that_cannot_be_listed_is_said_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.walk skipped a directory it could not list (EACCES, or EIO from GCS) without a
+    word, and prefetch said it had warmed everything, exit 0. The rest is still found;
+    the one that failed is kept for the command to name (and exit 1)."""
+    for name in ("a/f1", "b/f2", "c/f3"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    real = os.scandir
+
+    def scandir(path: object = ".") -> object:
+        if str(path).endswith("/b"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    unlisted: list[OSError] = []
+    found = sorted(p.name for p, _ in prefetch_module.files_below([tmp_path], unlisted))
+    assert found == ["f1", "f3"]
+    assert [(err.filename, err.strerror) for err in unlisted] == [
+        (str(tmp_path / "b"), "Permission denied")
+    ]

@@ -58,21 +58,25 @@ def tierfs_mount_holding(target: str) -> str | None:
     return best
 
 
-def files_below(paths: list[Path]) -> Iterator[tuple[Path, int]]:
+def files_below(
+    paths: list[Path], unlisted: list[OSError] | None = None
+) -> Iterator[tuple[Path, int]]:
     """Each file at or below ``paths`` once (``prefetch d d/f`` counted and read f twice,
-    and could say it was more than the tiers hold when it was not)."""
+    and could say it was more than the tiers hold when it was not). A directory that
+    cannot be listed goes into ``unlisted`` (it was skipped without a word, and the run
+    said it had prefetched everything)."""
     seen: set[str] = set()
-    for path, size in _files_below(paths):
+    for path, size in _files_below(paths, [] if unlisted is None else unlisted):
         key = os.path.realpath(path)
         if key not in seen:
             seen.add(key)
             yield path, size
 
 
-def _files_below(paths: list[Path]) -> Iterator[tuple[Path, int]]:
+def _files_below(paths: list[Path], unlisted: list[OSError]) -> Iterator[tuple[Path, int]]:
     for path in paths:
         if path.is_dir():
-            for root, _dirs, names in os.walk(path):
+            for root, _dirs, names in os.walk(path, onerror=unlisted.append):
                 for name in sorted(names):
                     item = Path(root, name)
                     if item.is_file() and not item.is_symlink():
@@ -155,11 +159,17 @@ def prefetch(argv: list[str]) -> int:
             print(f"tierfs: {path} is not inside a tierfs mount", file=sys.stderr)
             return 1
         mountpoints.add(mountpoint)
+    unlisted: list[OSError] = []
     try:
-        files = list(files_below(paths))
+        files = list(files_below(paths, unlisted))
     except (OSError, MountError) as err:
         print(f"tierfs: cannot list {err}", file=sys.stderr)
         return 1
+    for failure in unlisted:  # the rest is warmed all the same; the exit status says it
+        print(
+            f"tierfs: cannot list {failure.filename}: {failure.strerror or failure}",
+            file=sys.stderr,
+        )
     total = sum(size for _, size in files)
     capacities = [tier_capacity(m) for m in sorted(mountpoints)]
     if len(mountpoints) == 1 and capacities[0] is not None and total > capacities[0]:
@@ -199,7 +209,7 @@ def prefetch(argv: list[str]) -> int:
         f"in {elapsed:.1f} s ({done / 2**20 / elapsed:.1f} MiB/s)"
         + (f"; {len(failed)} failed, first: {failed[0]}" if failed else "")
     )
-    return 1 if failed else 0
+    return 1 if failed or unlisted else 0
 
 
 def _try_read(path: Path, progress: tqdm) -> int:
