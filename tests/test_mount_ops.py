@@ -207,7 +207,7 @@ def test_ls_l_sizes_default_modes_and_owner(area: Area, gcs_client: storage.Clie
     upload(gcs_client, area.bucket, area.obj("remote"), b"r" * 77)
     uid, gid = str(os.getuid()), str(os.getgid())
     assert ls_ln(area.path) == {
-        "dir": ("drwxr-xr-x", "2", uid, gid, "0"),
+        "dir": ("drwxr-xr-x", "1", uid, gid, "0"),
         "empty": ("-rw-r--r--", "1", uid, gid, "0"),
         "file": ("-rw-r--r--", "1", uid, gid, "1234"),
         "link -> file": ("lrwxrwxrwx", "1", uid, gid, "4"),
@@ -224,9 +224,9 @@ def test_ls_l_modes_and_owner_from_options(
     upload(gcs_client, mount.bucket, "theirs", b"abc")
     upload(gcs_client, mount.bucket, "remote-dir/", b"")
     assert ls_ln(mount.path) == {
-        "d": ("drwx------", "2", "1234", "4321", "0"),
+        "d": ("drwx------", "1", "1234", "4321", "0"),
         "mine": ("-rw-------", "1", "1234", "4321", "5"),
-        "remote-dir": ("drwx------", "2", "1234", "4321", "0"),
+        "remote-dir": ("drwx------", "1", "1234", "4321", "0"),
         "theirs": ("-rw-------", "1", "1234", "4321", "3"),
     }
     st = os.stat(mount.path / "theirs")
