@@ -27,6 +27,7 @@ class Tierfs(FuseSystem):
 
     name = "tierfs"
     description = "tierfs, default options"
+    persistent = False  # no cache dir: only the RAM tier, gone with the daemon
 
     def options(self, cache_dir: Path) -> list[str]:
         return []
@@ -84,6 +85,7 @@ class TierfsCheckpoint(Tierfs):
     """tierfs with the GKE multi-tier-checkpointing option line and a cache dir."""
 
     name = "tierfs-ckpt"
+    persistent = True
     description = "tierfs, checkpointing -o line + --cache-dir"
 
     def options(self, cache_dir: Path) -> list[str]:
@@ -134,6 +136,7 @@ class TierfsWriteBack(Tierfs):
     the kernel writes new files straight into it (FUSE passthrough)."""
 
     name = "tierfs-wb"
+    persistent = True
     description = "tierfs, --write-back --cache-dir"
     only = SAVES
 

@@ -20,6 +20,7 @@ from benchmarks import shared_restore
 from benchmarks.__main__ import _command
 from benchmarks.data import NotApplicable, WrongBytes, check_small, equal
 from benchmarks.env import Pids, mounts_below
+from benchmarks.reads import SeqRead
 from benchmarks.runner import Runner, cell_order
 from benchmarks.saves import commit
 from benchmarks.systems import System
@@ -224,3 +225,38 @@ def test_what_a_run_left_mounted_below_its_root_is_found_deepest_first(tmp_path:
     with tmpfs(tmp_path / "mnt a", "1m") as outer, tmpfs(outer / "inner", "1m") as inner:
         assert mounts_below(tmp_path) == [str(inner), str(outer)]
     assert mounts_below(tmp_path) == []
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_read_after_remount_without_a_persistent_tier_says_it_is_a_cold_read(
+    tmp_path: Path, persistent: bool
+) -> None:
+    """tierfs without a cache dir keeps nothing across a remount: its "read after
+    remount" row is a second cold read, and the report says so beside the number (the
+    table showed it unexplained beside the checkpoint mount's SSD-tier reads)."""
+    data = {"seq/a": bytes(range(256)) * 64}
+    (tmp_path / "seq").mkdir()
+    (tmp_path / "seq" / "a").write_bytes(data["seq/a"])
+
+    class Dir(System):
+        name = "dir"
+        network = False
+
+        def mount(self, bucket: str, *, fresh: bool = True) -> Path:
+            self.bucket, self.root = bucket, tmp_path
+            return tmp_path
+
+    Dir.persistent = persistent
+    env: Any = SimpleNamespace(
+        data_objects=data,
+        drop_caches=lambda: None,
+        defer=lambda undo: None,
+        emulator=None,
+        sizes=SimpleNamespace(io_block_bytes=4096),
+    )
+    cell = Cell(env, Dir(env, "plain"), "plain", print)
+    SeqRead().run(cell)
+    notes = {key: cell.values[key].note for key in ("read.remount", "read.remount_best")}
+    said = "no persistent tier (no cache dir): a cold read again"
+    assert notes == dict.fromkeys(notes, "" if persistent else said)
+    assert cell.values["read.cold"].note == ""
