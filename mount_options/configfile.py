@@ -96,9 +96,12 @@ def _walk(node: dict[Any, Any], prefix: str, out: list[Assignment], name: str) -
         if option is None or not option.in_config:
             pool = [o.path for o in SCHEMA if o.in_config]
             raise OptionError(f"{name}: {unknown(path, pool, what='key')}")
-        typed_value = typed(option, value, from_text=False)
-        if option.path == FUSE_OPTIONS:
-            typed_value = tuple(_kernel_option(item) for item in typed_value)
+        try:  # (a value's error names the file it is in, as a key's does)
+            typed_value = typed(option, value, from_text=False)
+            if option.path == FUSE_OPTIONS:
+                typed_value = tuple(_kernel_option(item) for item in typed_value)
+        except OptionError as err:
+            raise OptionError(f"{name}: {err}") from None
         out.append(Assignment(option.path, typed_value, CONFIG_FILE, FILE_RANK))
 
 

@@ -23,6 +23,10 @@ from typing import Any
 _TRUE = {"1", "t", "true", "yes", "y", "on"}
 _FALSE = {"0", "f", "false", "no", "n", "off"}
 
+# Numbers as gcsfuse's flags take them: ASCII digits, a sign, no "_" (`IntKind.parse`).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(ns|us|µs|ms|s|m|h)")
 
@@ -83,10 +87,13 @@ class IntKind(Kind):
     expected: str = "an integer"
 
     def parse(self, text: str) -> int:
-        try:
-            return int(text.strip(), 10)
-        except ValueError:
-            raise ValueError(self.expected) from None
+        # Digits 0-9 only, as gcsfuse's flags take them: Python's int() would also take
+        # "1_000" and the digits of other scripts (Arabic-Indic ones), which no other
+        # tool reads as a number.
+        body = text.strip()
+        if not _INTEGER.fullmatch(body):
+            raise ValueError(self.expected)
+        return int(body, 10)
 
     def coerce(self, value: Any) -> int:
         if isinstance(value, bool):
@@ -106,10 +113,10 @@ class FloatKind(Kind):
     expected: str = "a number"
 
     def parse(self, text: str) -> float:
-        try:
-            number = float(text.strip())
-        except ValueError:
-            raise ValueError(self.expected) from None
+        body = text.strip()
+        if not _NUMBER.fullmatch(body):
+            raise ValueError(self.expected)
+        number = float(body)
         if not math.isfinite(number):
             raise ValueError(self.expected)
         return number

@@ -158,6 +158,19 @@ ERRORS = [
     ),
     pytest.param(
         TIERFS,
+        ["mount", "--dry-run", "--stat-cache-max-size-mb=1_0", "my-bucket", "/mnt"],
+        "tierfs: bad value '1_0' for option 'metadata-cache:stat-cache-max-size-mb': "
+        "expected an integer",
+        id="int-with-underscore",
+    ),
+    pytest.param(
+        TIERFS,
+        ["mount", "--dry-run", "--uid=\u0661\u0660", "my-bucket", "/mnt"],
+        "tierfs: bad value '\u0661\u0660' for option 'file-system:uid': expected an integer",
+        id="int-in-other-digits",
+    ),
+    pytest.param(
+        TIERFS,
         ["mount", "--dry-run", "--implicit-dirs=maybe", "my-bucket", "/mnt"],
         "tierfs: bad value 'maybe' for option 'implicit-dirs': expected true or false",
         id="bool",
@@ -237,6 +250,12 @@ ERRORS = [
         ["mount", "--dry-run", "--retry-multiplier=abc", "my-bucket", "/mnt"],
         "tierfs: bad value 'abc' for option 'gcs-retries:multiplier': expected a number",
         id="float",
+    ),
+    pytest.param(
+        TIERFS,
+        ["mount", "--dry-run", "--retry-multiplier=1_5", "my-bucket", "/mnt"],
+        "tierfs: bad value '1_5' for option 'gcs-retries:multiplier': expected a number",
+        id="float-with-underscore",
     ),
     pytest.param(
         TIERFS,
@@ -340,7 +359,8 @@ ERRORS = [
     pytest.param(
         TIERFS,
         ["mount", "--dry-run", "--config-file={tmp}/bad-value.yaml", "my-bucket", "/mnt"],
-        "tierfs: bad value 'root' for option 'file-system:uid': expected an integer",
+        "tierfs: config file '{tmp}/bad-value.yaml': bad value 'root' for option "
+        "'file-system:uid': expected an integer",
         id="config-bad-value",
     ),
     pytest.param(
@@ -491,8 +511,8 @@ def test_infinite_duration_is_a_bad_value(cli):
 def test_recursive_yaml_is_a_bad_value(cli):
     result = cli.local(*BUG_LOOP)
     assert result.returncode == 2
-    assert result.stderr.startswith("tierfs: bad value ")
-    assert "'app-name'" in result.stderr
+    assert result.stderr.startswith("tierfs: config file '")
+    assert "': bad value " in result.stderr and "'app-name'" in result.stderr
 
 
 def test_unknown_colon_option_with_url_value_is_named_without_the_value(cli):

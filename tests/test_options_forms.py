@@ -811,11 +811,12 @@ def test_config_file_durations(duration, seconds):
          "config file line 3: expected ',' or ']', but got '<stream end>'"),
         (
             "metadata-cache:\n  ttl-secs: soon\n",
-            "bad value 'soon' for option 'metadata-cache:ttl-secs': expected an integer",
+            "config file: bad value 'soon' for option 'metadata-cache:ttl-secs': "
+            "expected an integer",
         ),
         (
             "file-system:\n  fuse-options: [ro, frobnicate]\n",
-            "unknown kernel option 'frobnicate' in file-system:fuse-options",
+            "config file: unknown kernel option 'frobnicate' in file-system:fuse-options",
         ),
     ],
 )  # fmt: skip
