@@ -60,12 +60,17 @@ class Action:
     connection with a TCP reset (not forwarded). ``truncate``: forward it, then pass on
     only the response's first bytes (its head and half of what came with it) and reset.
     ``stall_s``: forward it, and hold the response back this long before passing it on.
+    ``hold_after``: pass on this many bytes of the response (its head included), then
+    hold the rest until ``release`` is set (a test sees what a client does with a
+    response half come, for as long as it looks).
     """
 
     status: int = 0
     reset: bool = False
     truncate: bool = False
     stall_s: float = 0.0
+    hold_after: int = 0
+    release: threading.Event | None = None
 
 
 Faults = Callable[[str, str], Action | None]
@@ -119,6 +124,7 @@ class _Link:
         self.awaiting_request = True  # the next client bytes start a new request
         self.closed = threading.Event()
         self.action: Action | None = None  # the current request's, for the response side
+        self.hold: tuple[int, threading.Event] | None = None  # (bytes left to pass, release)
 
     def start(self) -> None:
         for target in (self._requests, self._responses):
@@ -165,6 +171,10 @@ class _Link:
                         dst.sendall(view[:cut])
                         _abort(dst)
                         return
+                    if action is not None and action.release is not None:
+                        self.hold = (action.hold_after, action.release)
+                    if self.hold is not None:
+                        n = self._held(view, n, dst)
                 bucket.take(n)
                 dst.sendall(view[:n])
                 if request_side:
@@ -182,6 +192,22 @@ class _Link:
                 self.upstream.close()
             else:
                 self.closed.set()
+
+    def _held(self, view: memoryview, n: int, dst: socket.socket) -> int:
+        """`Action.hold_after`: pass on what comes before the mark, then wait for the
+        release, with the rest of this chunk moved to the front of ``view``; how many
+        bytes there are to send now."""
+        assert self.hold is not None
+        left, release = self.hold
+        if n < left:
+            self.hold = (left - n, release)
+            return n
+        dst.sendall(view[:left])
+        self.proxy.bytes_down += left
+        self.hold = None
+        release.wait()
+        view[: n - left] = view[left:n]
+        return n - left
 
     def _fault(self, src: socket.socket, head: bytes) -> bytes | None:
         """Ask the proxy's ``faults`` about the request that starts with ``head`` (read on

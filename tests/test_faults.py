@@ -71,9 +71,19 @@ def test_the_fault_proxy_applies_its_rules(fault_proxy: FaultProxy, bucket_name:
     faults.add(Rule(Action(stall_s=1.0), target=r"/o\?slow", times=1))
     took, answer = elapsed(requests.get, url + "?slow=1")
     assert took >= 1.0 and answer.status_code == 200  # type: ignore[union-attr]
+    release = threading.Event()
+    faults.add(Rule(Action(hold_after=20, release=release), target=r"/o\?held", times=1))
+    answers: list[requests.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(requests.get(url + "?held=1")))
+    asking.start()
+    asking.join(0.5)
+    assert asking.is_alive() and not answers  # 20 bytes of its head came: no answer yet
+    release.set()
+    asking.join(10)
+    assert answers and answers[0].status_code == 200 and "storage#objects" in answers[0].text
     faults.add(Rule(Action(status=500), method="POST"))  # a rule for others: no effect here
     assert requests.get(url, timeout=10).status_code == 200
-    assert faults.fired == 4
+    assert faults.fired == 5
 
 
 def test_bounds_default_to_gcsfuse_and_two_minutes() -> None:

@@ -19,7 +19,7 @@ from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import Blocks
 from tierfs.core.pace import PACE_WAIT_S
 from tierfs.core.wholeobjects import UNREAD_WORKERS
-from tierfs.storage import Into
+from tierfs.storage import Into, Progress
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
@@ -130,12 +130,24 @@ class FirstBlockHeld(MemoryBucket):
         self.gate = trio.Event()
 
     async def read(
-        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+        self,
+        name: str,
+        *,
+        generation: int,
+        offset: int,
+        length: int,
+        into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         if offset == 0:
             await self.gate.wait()
         return await super().read(
-            name, generation=generation, offset=offset, length=length, into=into
+            name,
+            generation=generation,
+            offset=offset,
+            length=length,
+            into=into,
+            progress=progress,
         )
 
 
@@ -188,7 +200,14 @@ class Gated(MemoryBucket):
         self.gate = trio.Event()
 
     async def read(
-        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+        self,
+        name: str,
+        *,
+        generation: int,
+        offset: int,
+        length: int,
+        into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         self.waiting += 1
         try:
@@ -196,7 +215,12 @@ class Gated(MemoryBucket):
         finally:
             self.waiting -= 1
         return await super().read(
-            name, generation=generation, offset=offset, length=length, into=into
+            name,
+            generation=generation,
+            offset=offset,
+            length=length,
+            into=into,
+            progress=progress,
         )
 
 

@@ -15,7 +15,7 @@ from tierfs.cache.ram import RamTier
 from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import DOWNLOAD_COPIES, Blocks
 from tierfs.core.keptlast import LAST_KEPT
-from tierfs.storage import Into
+from tierfs.storage import Into, Progress
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 1 << 20
@@ -33,7 +33,14 @@ class HeldBucket(MemoryBucket):
         self.worst = 0  # the most bytes stored and held back at once, seen from a read
 
     async def read(
-        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+        self,
+        name: str,
+        *,
+        generation: int,
+        offset: int,
+        length: int,
+        into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         self.running += 1
         self.most = max(self.most, self.running)
@@ -42,7 +49,12 @@ class HeldBucket(MemoryBucket):
         await self.gate.wait()
         self.running -= 1
         return await super().read(
-            name, generation=generation, offset=offset, length=length, into=into
+            name,
+            generation=generation,
+            offset=offset,
+            length=length,
+            into=into,
+            progress=progress,
         )
 
 

@@ -20,7 +20,7 @@ from tierfs.cache.ram import RamTier
 from tierfs.core.background import Background
 from tierfs.core.blockreader import FIRST_AHEAD, BlockReader
 from tierfs.core.blocks import Blocks
-from tierfs.storage import Into
+from tierfs.storage import Into, Progress
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
@@ -42,7 +42,14 @@ class LoggedReads:
         return getattr(self.bucket, name)
 
     async def read(
-        self, name: str, *, generation: int, offset: int, length: int, into: Into | None = None
+        self,
+        name: str,
+        *,
+        generation: int,
+        offset: int,
+        length: int,
+        into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         self.started.append((trio.current_time(), offset // BLOCK))
         self.now += 1
@@ -50,7 +57,12 @@ class LoggedReads:
         try:
             await trio.sleep(0.01)
             return await self.bucket.read(
-                name, generation=generation, offset=offset, length=length, into=into
+                name,
+                generation=generation,
+                offset=offset,
+                length=length,
+                into=into,
+                progress=progress,
             )
         finally:
             self.now -= 1

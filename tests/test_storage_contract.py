@@ -1165,6 +1165,35 @@ async def test_a_read_into_a_block_buffer(bucket: Bucket) -> None:
     assert len(asked) == 3
 
 
+async def test_a_read_into_a_buffer_tells_its_progress_as_it_fills(bucket: Bucket) -> None:
+    """``progress`` hears of the buffer the bytes land in, filled further each time (on
+    GCS a MiB at a time: `PROGRESS_BYTES`), and last of all of it; a reader of the start
+    of a block waits for no more (`Blocks.get_part`)."""
+    data = os.urandom(3 * MiB + 5)
+    info = await bucket.write_bytes("obj", data, if_generation_match=0)
+    pool = BlockBuffers(4 * MiB)
+    told: list[tuple[memoryview, int, bytes]] = []
+
+    def progress(buffer: memoryview, filled: int) -> None:
+        told.append((buffer, filled, bytes(buffer[:filled])))
+
+    got = await bucket.read(
+        "obj",
+        generation=info.generation,
+        offset=0,
+        length=len(data),
+        into=pool.take,
+        progress=progress,
+    )
+    assert got == data and told
+    assert all(buffer is got for buffer, _, _ in told)
+    fills = [filled for _, filled, _ in told]
+    assert fills == sorted(set(fills)) and fills[-1] == len(data)
+    assert all(seen == data[:filled] for _, filled, seen in told)  # filled means filled
+    if isinstance(bucket, GcsBucket):
+        assert fills == [MiB, 2 * MiB, 3 * MiB, len(data)]
+
+
 async def test_a_read_whose_buffer_is_refused_makes_bytes(bucket: Bucket) -> None:
     """``into`` answering None: the read makes a new bytes object, the same bytes."""
     data = os.urandom(300 * KiB)

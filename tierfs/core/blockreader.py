@@ -62,6 +62,7 @@ class BlockReader:
         self._next = -1
         self._prefetched_to = -1
         self._last: tuple[int, Data] | None = None
+        self._at = -1  # the block read last (`_reached`), whole or not
         self._first = True
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
@@ -131,9 +132,8 @@ class BlockReader:
             key = BlockKey(self.name, self.generation, first)
             return await self.blocks.read_random(key, offset, end - offset, self.size)
         if first == last:
-            data = await self._block(first)
             start = offset - first * size
-            return memoryview(data)[start : start + end - offset]
+            return await self._part(first, start, start + end - offset)
         # Across blocks: each block's part, joined (not the whole blocks: a 1 MiB read
         # kept 16 MiB alive and copied 16 MiB), and a random read's parts as random reads
         # (it downloaded both 8 MiB blocks whole: one 1 MiB random read in eight).
@@ -153,17 +153,39 @@ class BlockReader:
                 nursery.start_soon(one, i)
         return b"".join(parts)
 
+    async def _part(self, index: int, lo: int, hi: int) -> Data:
+        """Bytes [lo, hi) of block ``index``: from the whole block once it is here, else as
+        soon as they have come (`Blocks.get_part`)."""
+        self._unread.discard(index)
+        if self._last is not None and self._last[0] == index:
+            return memoryview(self._last[1])[lo:hi]
+        key = BlockKey(self.name, self.generation, index)
+        data, whole = await self.blocks.get_part(key, self.size, lo, hi)
+        self._reached(index)
+        if not whole:
+            return data
+        self._keep(index, data)
+        return memoryview(data)[lo:hi]
+
     async def _block(self, index: int) -> Data:
         self._unread.discard(index)
         if self._last is not None and self._last[0] == index:
             return self._last[1]
         data = await self.blocks.get(BlockKey(self.name, self.generation, index), self.size)
-        if self._last is not None and self._last[0] == index - 1:
-            # Gone past the block before, in order: in RAM it is the first to go.
+        self._reached(index)
+        self._keep(index, data)
+        return data
+
+    def _reached(self, index: int) -> None:
+        """The reader is at block ``index`` now: the block before, gone past in order, is
+        the first to go from RAM."""
+        if self._at == index - 1:
             self.blocks.went_past(BlockKey(self.name, self.generation, index - 1))
+        self._at = index
+
+    def _keep(self, index: int, data: Data) -> None:
         self._last = (index, data)
         self.blocks.kept_last.keeps(self)
-        return data
 
     def let_go_of_last(self) -> None:
         self._last = None

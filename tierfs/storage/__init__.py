@@ -130,6 +130,12 @@ Into = Callable[[int], memoryview | None]
 buffer of that length to fill (a block buffer: `tierfs.cache.buffers`), or None (then
 the read makes a new bytes object)."""
 
+Progress = Callable[[memoryview, int], None]
+"""Told how much of a read's buffer (`Into`) is filled so far, as it fills, maybe from a
+worker thread: (the buffer, bytes filled from its start). A retried read fills a new
+buffer from 0, and says so. Why: a reader waiting for the first MiB of a block need not
+wait for its last (`tierfs.core.blocks.Blocks.get_part`)."""
+
 
 class Bucket(Protocol):
     """One GCS bucket. Safe to call from many trio tasks at once."""
@@ -165,13 +171,16 @@ class Bucket(Protocol):
         offset: int,
         length: int,
         into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         """Up to ``length`` bytes at ``offset`` of that generation (short at EOF).
 
         With ``into``, the bytes may be read into the buffer it returns when called with
         their length (maybe in a worker thread), and that buffer returned (a block buffer:
         `tierfs.cache.buffers`); else, or where an implementation does not, a new bytes
-        object. `NotFound` if that generation is gone (overwritten or deleted).
+        object. ``progress`` is told as that buffer fills (an implementation may tell it
+        only once, when full, or never: the returned bytes are what counts). `NotFound`
+        if that generation is gone (overwritten or deleted).
         """
         ...
 

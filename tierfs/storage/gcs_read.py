@@ -24,12 +24,18 @@ import urllib3
 from google.api_core import exceptions as api_exceptions
 
 from tierfs.errors import BackendError
-from tierfs.storage import Into, nothing_to_read
+from tierfs.storage import Into, Progress, nothing_to_read
 
 if TYPE_CHECKING:  # a part of GcsBucket, sharing its state
     from typing import Any as _Base
 else:
     _Base = object
+
+
+# How much of a block buffer is read before its waiting readers are told (`_receive_into`):
+# the largest read the kernel asks for (1 MiB at ``read_ahead_kb=1024``), so a reader's
+# next request is whole in one step.
+PROGRESS_BYTES = 1 << 20
 
 
 class _Reads(_Base):
@@ -41,6 +47,7 @@ class _Reads(_Base):
         offset: int,
         length: int,
         into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         if await nothing_to_read(offset, length):
             return b""
@@ -97,7 +104,7 @@ class _Reads(_Base):
                 wanted = min(int(declared), length)
                 view = into(wanted) if into is not None and wanted > 0 else None
                 if view is not None:
-                    return _receive_into(response, view)
+                    return _receive_into(response, view, progress)
                 data: bytes = response.raw.read(wanted, decode_content=False)
                 if len(data) < wanted:  # the connection ended early: never a short block
                     raise requests.ConnectionError(f"short read: {len(data)} of {wanted} bytes")
@@ -120,21 +127,29 @@ class _Reads(_Base):
         return data
 
 
-def _receive_into(response: requests.Response, view: memoryview) -> memoryview:
+def _receive_into(
+    response: requests.Response, view: memoryview, progress: Progress | None = None
+) -> memoryview:
     """Fill ``view`` with the body of ``response`` (exactly its length, announced), read from
     the socket straight into it: urllib3's own ``readinto`` reads into a new bytes object and
     copies that. The connection goes back to the pool once the body is read, as urllib3
-    would do itself."""
+    would do itself.
+
+    With ``progress``, the body is read `PROGRESS_BYTES` at a time, each told: a reader
+    waiting for the start of a block has it while the rest still comes."""
     raw = response.raw
     body = raw._fp  # http.client's response: its readinto reads the socket into ``view``
     if not isinstance(body, http.client.HTTPResponse):
         raise requests.ConnectionError("no response body to read")
+    step = PROGRESS_BYTES if progress is not None else len(view)
     done = 0
     while done < len(view):
-        n = body.readinto(view[done:])
+        n = body.readinto(view[done : done + step])
         if not n:  # the connection ended early: never a short block
             raise requests.ConnectionError(f"short read: {done} of {len(view)} bytes")
         done += n
+        if progress is not None:
+            progress(view, done)
     if body.isclosed():  # the whole body read: the connection can serve the next request
         raw.release_conn()
     return view

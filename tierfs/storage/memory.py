@@ -44,7 +44,15 @@ except ImportError:  # pragma: no cover
     google_crc32c = None  # type: ignore[assignment]
 
 from tierfs.errors import NotFound, PreconditionFailed
-from tierfs.storage import STAT_KEYS, Into, Listing, ObjectInfo, check_name, nothing_to_read
+from tierfs.storage import (
+    STAT_KEYS,
+    Into,
+    Listing,
+    ObjectInfo,
+    Progress,
+    check_name,
+    nothing_to_read,
+)
 
 __all__ = ["OPERATIONS", "MemoryBucket"]
 
@@ -220,6 +228,7 @@ class MemoryBucket:
         offset: int,
         length: int,
         into: Into | None = None,
+        progress: Progress | None = None,
     ) -> bytes | memoryview:
         if await nothing_to_read(offset, length):
             return b""
@@ -233,6 +242,8 @@ class MemoryBucket:
         if view is None:
             return data
         view[:] = data
+        if progress is not None:
+            progress(view, len(view))
         return view
 
     async def open_upload(
