@@ -14,12 +14,12 @@ import os
 import trio
 import trio.testing
 
+from tests.buckets import HookedReads
 from tierfs.cache.ram import RamTier
 from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import Blocks
 from tierfs.core.pace import PACE_WAIT_S
 from tierfs.core.wholeobjects import UNREAD_WORKERS
-from tierfs.storage import Into, Progress
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
@@ -122,33 +122,16 @@ async def test_a_reader_that_reads_again_after_a_stop_paces_the_fill_again(
     assert blocks.gcs_blocks == BLOCKS
 
 
-class FirstBlockHeld(MemoryBucket):
+class FirstBlockHeld(HookedReads):
     """The read of the object's first block waits at a gate (GCS slow to answer it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate = trio.Event()
 
-    async def read(
-        self,
-        name: str,
-        *,
-        generation: int,
-        offset: int,
-        length: int,
-        into: Into | None = None,
-        progress: Progress | None = None,
-    ) -> bytes | memoryview:
+    async def before_read(self, offset: int) -> None:
         if offset == 0:
             await self.gate.wait()
-        return await super().read(
-            name,
-            generation=generation,
-            offset=offset,
-            length=length,
-            into=into,
-            progress=progress,
-        )
 
 
 async def test_a_reader_waiting_for_its_block_keeps_the_fill_paced(
@@ -187,7 +170,7 @@ async def test_a_reader_waiting_for_its_block_keeps_the_fill_paced(
     assert blocks.gcs_blocks == BLOCKS
 
 
-class Gated(MemoryBucket):
+class Gated(HookedReads):
     """Every read waits at the gate open when it came; counts the reads waiting."""
 
     def __init__(self) -> None:
@@ -199,29 +182,12 @@ class Gated(MemoryBucket):
         self.gate.set()
         self.gate = trio.Event()
 
-    async def read(
-        self,
-        name: str,
-        *,
-        generation: int,
-        offset: int,
-        length: int,
-        into: Into | None = None,
-        progress: Progress | None = None,
-    ) -> bytes | memoryview:
+    async def before_read(self, offset: int) -> None:
         self.waiting += 1
         try:
             await self.gate.wait()
         finally:
             self.waiting -= 1
-        return await super().read(
-            name,
-            generation=generation,
-            offset=offset,
-            length=length,
-            into=into,
-            progress=progress,
-        )
 
 
 async def test_a_fill_nobody_reads_keeps_few_workers_until_a_reader_comes_back() -> None:

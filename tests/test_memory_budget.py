@@ -10,18 +10,18 @@ from collections.abc import Callable
 import trio
 import trio.testing
 
+from tests.buckets import HookedReads
 from tierfs.cache import BlockKey
 from tierfs.cache.ram import RamTier
 from tierfs.core.blockreader import BlockReader
 from tierfs.core.blocks import DOWNLOAD_COPIES, Blocks
 from tierfs.core.keptlast import LAST_KEPT
-from tierfs.storage import Into, Progress
 from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 1 << 20
 
 
-class HeldBucket(MemoryBucket):
+class HeldBucket(HookedReads):
     """Reads wait at a gate, so that downloads pile up; the most at once is kept."""
 
     def __init__(self, name: str, ram: list[RamTier]) -> None:
@@ -32,30 +32,13 @@ class HeldBucket(MemoryBucket):
         self.ram = ram
         self.worst = 0  # the most bytes stored and held back at once, seen from a read
 
-    async def read(
-        self,
-        name: str,
-        *,
-        generation: int,
-        offset: int,
-        length: int,
-        into: Into | None = None,
-        progress: Progress | None = None,
-    ) -> bytes | memoryview:
+    async def before_read(self, offset: int) -> None:
         self.running += 1
         self.most = max(self.most, self.running)
         stats = self.ram[0].statistics()
         self.worst = max(self.worst, stats["used_bytes"] + stats["reserved_bytes"])
         await self.gate.wait()
         self.running -= 1
-        return await super().read(
-            name,
-            generation=generation,
-            offset=offset,
-            length=length,
-            into=into,
-            progress=progress,
-        )
 
 
 async def get_all(blocks: Blocks, generation: int, size: int, blocked: Callable[[], None]) -> bytes:
