@@ -148,6 +148,9 @@ class _Link:
                 if request_side:
                     if self.awaiting_request:
                         self.awaiting_request = False
+                        # (no pipelining: the last response is whole; a hold it did not
+                        # reach is not the next one's)
+                        self.hold = None
                         self.proxy.requests += 1
                         time.sleep(self.proxy.delay_s)
                         if self.proxy.faults is not None:
@@ -174,7 +177,7 @@ class _Link:
                     if action is not None and action.release is not None:
                         self.hold = (action.hold_after, action.release)
                     if self.hold is not None:
-                        n = self._held(view, n, dst)
+                        n = self._held(view, n, dst, bucket)
                 bucket.take(n)
                 dst.sendall(view[:n])
                 if request_side:
@@ -193,7 +196,7 @@ class _Link:
             else:
                 self.closed.set()
 
-    def _held(self, view: memoryview, n: int, dst: socket.socket) -> int:
+    def _held(self, view: memoryview, n: int, dst: socket.socket, bucket: _Bucket) -> int:
         """`Action.hold_after`: pass on what comes before the mark, then wait for the
         release, with the rest of this chunk moved to the front of ``view``; how many
         bytes there are to send now."""
@@ -202,6 +205,7 @@ class _Link:
         if n < left:
             self.hold = (left - n, release)
             return n
+        bucket.take(left)
         dst.sendall(view[:left])
         self.proxy.bytes_down += left
         self.hold = None

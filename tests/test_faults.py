@@ -81,9 +81,18 @@ def test_the_fault_proxy_applies_its_rules(fault_proxy: FaultProxy, bucket_name:
     release.set()
     asking.join(10)
     assert answers and answers[0].status_code == 200 and "storage#objects" in answers[0].text
+    # A hold the response did not reach (it was shorter) is not the next one's on the link.
+    never = threading.Event()
+    before = fault_proxy.proxy.bytes_down
+    requests.get(url + "?short=0", timeout=10)
+    mark = (fault_proxy.proxy.bytes_down - before) * 3 // 2  # within the next answer
+    faults.add(Rule(Action(hold_after=mark, release=never), target=r"/o\?short", times=1))
+    with requests.Session() as session:
+        assert session.get(url + "?short=1", timeout=10).status_code == 200
+        assert session.get(url, timeout=10).status_code == 200
     faults.add(Rule(Action(status=500), method="POST"))  # a rule for others: no effect here
     assert requests.get(url, timeout=10).status_code == 200
-    assert faults.fired == 5
+    assert faults.fired == 6
 
 
 def test_bounds_default_to_gcsfuse_and_two_minutes() -> None:

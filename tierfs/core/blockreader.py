@@ -163,6 +163,9 @@ class BlockReader:
         data, whole = await self.blocks.get_part(key, self.size, lo, hi)
         self._reached(index)
         if not whole:
+            if self._last is not None:  # an older block, gone past: not kept beside the tier
+                self._last = None
+                self.blocks.kept_last.gone(self)
             return data
         self._keep(index, data)
         return memoryview(data)[lo:hi]

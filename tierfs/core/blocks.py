@@ -210,6 +210,8 @@ class Blocks(_RandomReads, _WholeObjects):
                     return await self.get(key, object_size), True
                 self._start(key, object_size)
                 flight = self._inflight[key]
+            else:
+                self.shared_waits += 1  # (as `get` counts a reader joining a fetch)
             flight.watching += 1
             try:
                 while not flight.done.is_set():
@@ -255,6 +257,9 @@ class Blocks(_RandomReads, _WholeObjects):
             raise
         finally:
             del self._inflight[key]
+            # (a failed download's buffer is not held on: its error's frames refer to
+            # the flight, a cycle only a full collection would free)
+            flight.partial = None
             flight.finish()
             flight.settled.set()
 

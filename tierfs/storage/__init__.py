@@ -132,9 +132,11 @@ the read makes a new bytes object)."""
 
 Progress = Callable[[memoryview, int], None]
 """Told how much of a read's buffer (`Into`) is filled so far, as it fills, maybe from a
-worker thread: (the buffer, bytes filled from its start). A retried read fills a new
-buffer from 0, and says so. Why: a reader waiting for the first MiB of a block need not
-wait for its last (`tierfs.core.blocks.Blocks.get_part`)."""
+worker thread: (the buffer, bytes filled from its start). A retried read tells of the
+new buffer it fills, once it has bytes there (or not at all, where the retry reads into
+a new bytes object); what it told of the failed attempt's buffer stays true (the same
+generation's bytes). Why: a reader waiting for the first MiB of a block need not wait
+for its last (`tierfs.core.blocks.Blocks.get_part`)."""
 
 
 class Bucket(Protocol):
