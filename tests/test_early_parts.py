@@ -18,7 +18,7 @@ from google.cloud import storage
 from tests.conftest import MountFactory
 from tests.faults import MEDIA, Action, FaultProxy, Rule
 from tests.mounting import stats
-from tierfs.cache import BlockKey
+from tierfs.cache import BlockKey, Data
 from tierfs.cache.ram import RamTier
 from tierfs.core.background import Background
 from tierfs.core.blockreader import BlockReader
@@ -115,7 +115,7 @@ async def test_readers_of_a_block_under_way_share_its_one_download(whole_first: 
         blocks, _ = blocks_of(bucket, nursery)
 
         async def part(lo: int, hi: int) -> None:
-            piece, whole = await blocks.get_part(key, len(data), lo, hi)
+            piece, whole, _ = await blocks.get_part(key, len(data), lo, hi)
             got[f"{lo}-{hi}"] = bytes(memoryview(piece)[lo:hi] if whole else piece)
 
         async def block() -> None:
@@ -151,7 +151,7 @@ async def test_a_retried_download_serves_its_new_buffer_and_the_bytes_are_right(
         bucket.gate.set()
         with pytest.raises(BackendError):  # (the double does not retry: the caller sees it)
             await blocks.get_part(key, len(data), HALF, BLOCK)
-        piece, whole = await blocks.get_part(key, len(data), HALF, BLOCK)
+        piece, whole, _ = await blocks.get_part(key, len(data), HALF, BLOCK)
         assert bytes(memoryview(piece)[HALF:] if whole else piece) == data[HALF:]
         assert bytes(await ram.get(key) or b"") == data
 
@@ -170,7 +170,8 @@ async def test_a_reader_answered_early_lets_go_of_the_block_it_went_past() -> No
         assert bytes(await reader.read(0, BLOCK)) == data[:BLOCK]
         assert len(blocks.kept_last) == 1  # block 0 kept
         assert bytes(await reader.read(BLOCK, 4096)) == data[BLOCK : BLOCK + 4096]
-        assert len(blocks.kept_last) == 0  # not block 0 any more, not block 1 yet
+        assert reader._last is None  # not block 0 any more: the download of block 1 instead
+        assert reader._coming is not None and reader._coming[0] == 1
         bucket.gate.set()
         await trio.testing.wait_all_tasks_blocked()  # block 1 has come
         got = await reader.read(BLOCK + 4096, 4096)  # where the last read ended
@@ -208,7 +209,7 @@ async def test_without_a_spawner_a_part_is_the_whole_block() -> None:
     key = BlockKey("obj", bucket.put("obj", data).generation, 0)
     ram = RamTier(16 * BLOCK)
     blocks = Blocks(bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram)
-    piece, whole = await blocks.get_part(key, len(data), 0, 4096)
+    piece, whole, _ = await blocks.get_part(key, len(data), 0, 4096)
     assert whole and bytes(piece) == data
 
 
@@ -248,3 +249,33 @@ def test_a_files_first_bytes_are_read_before_its_first_block_has_come(
         release.set()
     assert (mount.path / "one.bin").read_bytes() == data
     assert rule.fired == 1 and stats(mount)["data"]["gcs_blocks"] == 1
+
+
+async def test_the_rest_of_a_block_read_in_parts_comes_from_its_one_download() -> None:
+    """A reader answered early asks the rest of the block of the same download, even once
+    it has ended: a RAM tier with no room left for it kept no copy, and the reader
+    downloaded the block a second time (a prefetch into a 20 MiB tier read 32 MiB for
+    16)."""
+
+    class Full(RamTier):
+        async def put(self, key: BlockKey, data: Data) -> None:  # no room: kept nowhere
+            return None
+
+    bucket = Halves()
+    data = os.urandom(BLOCK)
+    generation = bucket.put("obj", data).generation
+    async with trio.open_nursery() as nursery:
+        ram = Full(4 * BLOCK)
+        blocks = Blocks(
+            bucket, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(4), memory=ram
+        )
+        blocks.spawner = Background(nursery).spawner
+        reader = BlockReader(blocks, "obj", generation, len(data), spawn=None, max_ahead_bytes=0)
+        with trio.fail_after(5):
+            assert bytes(await reader.read(0, HALF)) == data[:HALF]  # early: the first half
+            bucket.gate.set()
+            await trio.testing.wait_all_tasks_blocked()  # the download has ended
+            assert await ram.get(BlockKey("obj", generation, 0)) is None  # no copy kept
+            assert bytes(await reader.read(HALF, HALF)) == data[HALF:]
+        assert bucket.statistics()["media_reads"] == 1
+        reader.close()

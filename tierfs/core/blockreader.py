@@ -19,7 +19,7 @@ import trio
 
 from tierfs.cache import BlockKey, Data
 from tierfs.core.background import Spawn
-from tierfs.core.blocks import Blocks
+from tierfs.core.blocks import Blocks, Flight
 
 log = logging.getLogger("tierfs.blocks")
 
@@ -63,6 +63,8 @@ class BlockReader:
         self._prefetched_to = -1
         self._last: tuple[int, Data] | None = None
         self._at = -1  # the block read last (`_reached`), whole or not
+        # The download the block read last is coming from, while it was read in parts.
+        self._coming: tuple[int, Flight] | None = None
         self._first = True
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
@@ -160,12 +162,15 @@ class BlockReader:
         if self._last is not None and self._last[0] == index:
             return memoryview(self._last[1])[lo:hi]
         key = BlockKey(self.name, self.generation, index)
-        data, whole = await self.blocks.get_part(key, self.size, lo, hi)
+        coming = self._coming[1] if self._coming is not None and self._coming[0] == index else None
+        self._coming = None
+        data, whole, flight = await self.blocks.get_part(key, self.size, lo, hi, coming)
         self._reached(index)
         if not whole:
-            if self._last is not None:  # an older block, gone past: not kept beside the tier
-                self._last = None
-                self.blocks.kept_last.gone(self)
+            # The rest of this block is asked of the same download (`Blocks.get_part`);
+            # an older block kept, gone past, is let go (first to leave the RAM tier).
+            self._last, self._coming = None, (index, flight) if flight is not None else None
+            self.blocks.kept_last.keeps(self)
             return data
         self._keep(index, data)
         return memoryview(data)[lo:hi]
@@ -187,11 +192,11 @@ class BlockReader:
         self._at = index
 
     def _keep(self, index: int, data: Data) -> None:
-        self._last = (index, data)
+        self._last, self._coming = (index, data), None
         self.blocks.kept_last.keeps(self)
 
     def let_go_of_last(self) -> None:
-        self._last = None
+        self._last = self._coming = None
 
     def _plan(self, offset: int, last: int) -> None:
         """Start background work: a whole-object fill, or sequential read-ahead."""
@@ -243,7 +248,7 @@ class BlockReader:
             log.debug("prefetch of gs://%s block %d failed: %s", self.name, index, err)
 
     def close(self) -> None:
-        self._last = None
+        self._last = self._coming = None
         self.blocks.kept_last.gone(self)
         self.blocks.read_ahead_unread += len(self._unread)  # what read-ahead cost for nothing
         self._unread.clear()

@@ -37,7 +37,7 @@ from tierfs.storage import Bucket
 
 log = logging.getLogger("tierfs.blocks")
 
-__all__ = ["DOWNLOAD_COPIES", "PIECE_BYTES", "Blocks", "Memory"]
+__all__ = ["DOWNLOAD_COPIES", "PIECE_BYTES", "Blocks", "Flight", "Memory"]
 
 UNSEALED = 4096  # objects remembered for `Blocks.seal_pending`
 NO_RAM_BUFFERS = 64  # block buffers kept without a RAM tier, if downloads are unbounded
@@ -69,7 +69,7 @@ class Memory(Protocol):
 
 
 @dataclass
-class _Flight:
+class Flight:
     done: trio.Event = field(default_factory=trio.Event)  # the bytes are there (`data`)
     data: Data | None = None
     settled: trio.Event = field(default_factory=trio.Event)  # ... and stored in every tier
@@ -127,7 +127,7 @@ class Blocks(_RandomReads, _WholeObjects):
         # Where block fetches run as tasks of their own (`get`): the mount's spawner, when
         # it runs (set by `Filesystem`); None, or None returned: in the reader's task.
         self.spawner: Callable[[], Spawn | None] | None = None
-        self._inflight: dict[BlockKey, _Flight] = {}
+        self._inflight: dict[BlockKey, Flight] = {}
         self._filling: set[tuple[str, int]] = set()
         # Where each object's readers are, which its fill keeps pace with.
         ram = memory.max_bytes if memory is not None else 0
@@ -193,24 +193,31 @@ class Blocks(_RandomReads, _WholeObjects):
             # That fetch was cancelled (its reader interrupted): ours to make.
 
     async def get_part(
-        self, key: BlockKey, object_size: int, lo: int, hi: int
-    ) -> tuple[Data, bool]:
-        """Bytes [lo, hi) of the block as soon as they have come, and whether what is
-        returned is the whole block (then the caller slices it) or only that part.
+        self, key: BlockKey, object_size: int, lo: int, hi: int, coming: Flight | None = None
+    ) -> tuple[Data, bool, Flight | None]:
+        """Bytes [lo, hi) of the block as soon as they have come: (the bytes, whether they
+        are the whole block, which the caller then slices, and the download they are
+        coming from when they are only that part).
 
         Why: a block is 8 MiB and the kernel asks for at most 1 MiB; waiting for a whole
         block before answering the first read of a file cost a link of 200 MB/s per
         connection 42 ms of its 64 ms to the first byte (shaped bench link, 8 MiB
         blocks). A download under way tells how far its buffer is filled
-        (`tierfs.storage.Progress`); a read of its start is answered from that buffer."""
+        (`tierfs.storage.Progress`); a read of its start is answered from that buffer.
+
+        ``coming``: the download an earlier part came from (the reader keeps it). The
+        rest is asked of it even once it has ended and left the table: a RAM tier with
+        no room left kept no copy, and the reader downloaded the block again (a prefetch
+        into a 20 MiB tier read 32 MiB for 16)."""
         while True:
-            flight = self._inflight.get(key)
+            flight = coming if coming is not None else self._inflight.get(key)
+            joined, coming = coming is None, None
             if flight is None:
                 if self.spawner is None or self.spawner() is None:
-                    return await self.get(key, object_size), True
+                    return await self.get(key, object_size), True, None
                 self._start(key, object_size)
                 flight = self._inflight[key]
-            else:
+            elif joined:
                 self.shared_waits += 1  # (as `get` counts a reader joining a fetch)
             flight.watching += 1
             try:
@@ -218,12 +225,12 @@ class Blocks(_RandomReads, _WholeObjects):
                     buffer = flight.covered(hi)
                     if buffer is not None:
                         self.early_reads += 1
-                        return buffer[lo:hi], False
+                        return buffer[lo:hi], False, flight
                     await flight.progressed.wait()
             finally:
                 flight.watching -= 1
             if flight.data is not None:
-                return flight.data, True
+                return flight.data, True, None
             if flight.error is not None:
                 raise flight.error
             # That fetch was cancelled (its reader interrupted): look again.
@@ -232,20 +239,20 @@ class Blocks(_RandomReads, _WholeObjects):
         """Start fetching ``key`` as a task of its own (`get`), registered in flight."""
         spawn = self.spawner() if self.spawner is not None else None
         assert spawn is not None
-        flight = self._inflight[key] = _Flight()
+        flight = self._inflight[key] = Flight()
         spawn(self._fetch_for_readers, key, object_size, flight)
 
-    async def _fetch_for_readers(self, key: BlockKey, object_size: int, flight: _Flight) -> None:
+    async def _fetch_for_readers(self, key: BlockKey, object_size: int, flight: Flight) -> None:
         """`_fetch` as a task of its own (`get`): its failure is its readers' (``flight``)."""
         with contextlib.suppress(Exception):
             await self._fetch(key, object_size, flight)
 
-    async def _fetch(self, key: BlockKey, object_size: int, flight: _Flight | None = None) -> Data:
+    async def _fetch(self, key: BlockKey, object_size: int, flight: Flight | None = None) -> Data:
         """From the tiers, else GCS; registered in flight throughout, so that a reader that
         catches up with the prefetcher waits for its read (of the SSD tier too) instead of
         reading the same block file a second time."""
         if flight is None:
-            flight = self._inflight[key] = _Flight()
+            flight = self._inflight[key] = Flight()
         try:
             data = await self._from_tiers(key)
             if data is None:
@@ -299,7 +306,7 @@ class Blocks(_RandomReads, _WholeObjects):
                 return data
         return None
 
-    async def _download(self, key: BlockKey, object_size: int, flight: _Flight) -> Data:
+    async def _download(self, key: BlockKey, object_size: int, flight: Flight) -> Data:
         """From GCS into every tier; first a tier shared with other nodes may claim the
         download (they wait for our copy) or hand over another node's (we wait for it).
 
@@ -414,7 +421,7 @@ class Blocks(_RandomReads, _WholeObjects):
         }
 
 
-def _telling(flight: _Flight) -> Callable[[memoryview, int], None]:
+def _telling(flight: Flight) -> Callable[[memoryview, int], None]:
     """The `tierfs.storage.Progress` of a download for ``flight``: called in the download's
     worker thread, it records how far the buffer is filled, and wakes the readers watching
     in trio's thread. (No wake-up when nobody watches: a reader counts itself in before it
