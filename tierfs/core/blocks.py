@@ -175,21 +175,12 @@ class Blocks(_RandomReads, _WholeObjects):
         buffer whose room in the RAM tier was already given back: 16 interrupted readers
         at the defaults put 256 MiB outside the tier's budget.)"""
         while True:
-            flight = self._inflight.get(key)
-            spawn = self.spawner() if flight is None and self.spawner is not None else None
-            if flight is None and spawn is None:
+            flight = self._join(key, object_size)
+            if flight is None:
                 return await self._fetch(key, object_size)
-            if flight is None and spawn is not None:
-                self._start(key, object_size)
-                flight = self._inflight[key]
-            else:
-                self.shared_waits += 1
-            assert flight is not None
             await flight.done.wait()
-            if flight.data is not None:
-                return flight.data
-            if flight.error is not None:  # (each waiter trying again in turn, each for a
-                raise flight.error  # whole retry deadline, held a reader 2-3 times that)
+            if (data := _outcome(flight)) is not None:
+                return data
             # That fetch was cancelled (its reader interrupted): ours to make.
 
     async def get_part(
@@ -210,15 +201,10 @@ class Blocks(_RandomReads, _WholeObjects):
         no room left kept no copy, and the reader downloaded the block again (a prefetch
         into a 20 MiB tier read 32 MiB for 16)."""
         while True:
-            flight = coming if coming is not None else self._inflight.get(key)
-            joined, coming = coming is None, None
+            flight = coming if coming is not None else self._join(key, object_size)
+            coming = None
             if flight is None:
-                if self.spawner is None or self.spawner() is None:
-                    return await self.get(key, object_size), True, None
-                self._start(key, object_size)
-                flight = self._inflight[key]
-            elif joined:
-                self.shared_waits += 1  # (as `get` counts a reader joining a fetch)
+                return await self._fetch(key, object_size), True, None
             flight.watching += 1
             try:
                 while not flight.done.is_set():
@@ -229,11 +215,21 @@ class Blocks(_RandomReads, _WholeObjects):
                     await flight.progressed.wait()
             finally:
                 flight.watching -= 1
-            if flight.data is not None:
-                return flight.data, True, None
-            if flight.error is not None:
-                raise flight.error
+            if (data := _outcome(flight)) is not None:
+                return data, True, None
             # That fetch was cancelled (its reader interrupted): look again.
+
+    def _join(self, key: BlockKey, object_size: int) -> Flight | None:
+        """The fetch of ``key`` under way (a shared wait), else one started as a task of
+        its own (`_start`); None without a spawner: the caller fetches in its own task."""
+        flight = self._inflight.get(key)
+        if flight is not None:
+            self.shared_waits += 1
+            return flight
+        if self.spawner is None or self.spawner() is None:
+            return None
+        self._start(key, object_size)
+        return self._inflight[key]
 
     def _start(self, key: BlockKey, object_size: int) -> None:
         """Start fetching ``key`` as a task of its own (`get`), registered in flight."""
@@ -419,6 +415,17 @@ class Blocks(_RandomReads, _WholeObjects):
             "block_buffers": self.buffers.statistics(),
             "tiers": {tier.name: tier.statistics() for tier in self.tiers},
         }
+
+
+def _outcome(flight: Flight) -> Data | None:
+    """An ended fetch's bytes; its error, raised (each waiter trying again in turn, each
+    for a whole retry deadline, held a reader 2-3 times that); None if it was cancelled
+    (its reader interrupted), so the waiter looks again."""
+    if flight.data is not None:
+        return flight.data
+    if flight.error is not None:
+        raise flight.error
+    return None
 
 
 def _telling(flight: Flight) -> Callable[[memoryview, int], None]:
