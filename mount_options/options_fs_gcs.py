@@ -243,7 +243,7 @@ OPTIONS: tuple[Option, ...] = (
         "gcs-connection:sequential-read-size-mb",
         _I,
         200,
-        "How far sequential reads prefetch ahead, in MiB, capped at a quarter of the RAM tier "
+        "How far sequential reads prefetch ahead, in MiB, capped at half the RAM tier "
         "(or one block, if larger); each GCS read is one ram-cache:block-size-mb block.",
         minimum=1,
         maximum=1024,

@@ -24,8 +24,8 @@ from tierfs.storage.memory import MemoryBucket
 
 BLOCK = 4096
 BLOCKS = 64
-# One paced object in a RAM tier of 16 blocks: 16 blocks, each downloaded held twice
-# (`DOWNLOAD_COPIES`), are 8 blocks at once: the reader's and 7 ahead.
+# One paced object in a RAM tier of 16 blocks, each block led by counted twice
+# (`LEAD_WEIGHT`): 8 blocks at once, the reader's and 7 ahead.
 LEAD = 7
 
 

@@ -176,10 +176,10 @@ def test_0_http_timeout_and_0_connections_mean_tierfs_defaults() -> None:
 @pytest.mark.parametrize(
     ("argv", "ahead_mib"),
     [
-        ((), 64),  # 200 asked, a quarter of the 256 MiB RAM tier
+        ((), 128),  # 200 asked, half the 256 MiB RAM tier
         (("--ram-cache-max-size-mb=2048",), 200),
         (("--sequential-read-size-mb=16",), 16),
-        (("--ram-cache-max-size-mb=16",), 8),  # the cap is never under one block
+        (("--ram-cache-max-size-mb=8",), 8),  # the cap is never under one block
     ],
 )
 def test_sequential_read_size_is_how_far_reads_prefetch(argv: tuple[str, ...], ahead_mib: int):

@@ -45,12 +45,15 @@ NO_RAM_BUFFERS = 64  # block buffers kept without a RAM tier, if downloads are u
 
 # How many times the RAM tier counts a block while it downloads. The download itself is
 # one copy (since 5eb8075 the bytes are read from the socket into one object: tracemalloc's
-# peak during an 8 MiB `GcsBucket.read` is 8.07 MiB). The second is a margin, kept from
-# when the HTTP layer made a copy: counting once did not change the peak RSS of random
-# reads with a cache dir (367 MiB both ways, 2 pairs); the fill's lead (`tierfs.core.pace`)
-# is tuned with it, and what counting once does to fills and sequential reads is not
-# measured yet.
-DOWNLOAD_COPIES = 2
+# peak during an 8 MiB `GcsBucket.read` is 8.07 MiB). It was 2, a margin kept from when
+# the HTTP layer made a copy, which halved the downloads a full RAM tier lets run (a
+# fill's lead keeps its own margin: `tierfs.core.pace.LEAD_WEIGHT`). Counted once, with
+# read-ahead up to half the tier (`tierfs.settings.read_ahead_bytes`): cold reads on the
+# shaped link, bench cells in 4 alternating rounds, 765 / 676 / 691 / 614 against 802 /
+# 834 / 802 / 731 MB/s (no cache dir), 666 / 659 / 633 / 637 against 727 / 714 / 701 / 638
+# (cache dir); fresh mounts in 4 alternating passes, medians 801 against 810 and 689
+# against 690: a gain within the spread at best, no loss. Plain link and peak RSS alike.
+DOWNLOAD_COPIES = 1
 
 
 class Memory(Protocol):
@@ -131,7 +134,7 @@ class Blocks(_RandomReads, _WholeObjects):
         self._filling: set[tuple[str, int]] = set()
         # Where each object's readers are, which its fill keeps pace with.
         ram = memory.max_bytes if memory is not None else 0
-        self.paces = Paces(ram, block_size, copies=DOWNLOAD_COPIES)
+        self.paces = Paces(ram, block_size)
         # Whole objects brought in but maybe not sealed yet (an unmount may cut the
         # seal short): `seal_pending` seals what is complete on the way out.
         self._unsealed: LRUCache[tuple[str, int], int] = LRUCache(maxsize=UNSEALED)

@@ -9,8 +9,8 @@ restore of 8 files (cache dir, defaults) read its SSD tier 1.20-1.46x over and r
 SSD tier 0.36x over at 477-559 MB/s.
 
 So a fill downloads no further ahead of the furthest block its readers asked for than
-its share of the RAM tier allows, counting each block twice (as the RAM tier counts a
-download under way, `tierfs.core.blocks.DOWNLOAD_COPIES`) and the readers' own block (at
+its share of the RAM tier allows, counting each block twice (`LEAD_WEIGHT`), less the
+readers' own block (at
 least 1 block ahead), and goes on as they move. It is never held for long: once its
 readers stop for `PACE_WAIT_S` (a training step, a consumer gone slow, a reader gone
 random) it goes on unpaced until they read again (readers starved of CPU for a second,
@@ -33,6 +33,13 @@ import trio
 
 PACE_WAIT_S = 1.0
 MIN_LEAD = 1  # blocks
+# How many times a block a fill leads by counts against its share of the RAM tier. Twice
+# leaves half the tier for the blocks its readers are on, other files and random-read
+# pieces. Once (when downloads under way came to count once, `DOWNLOAD_COPIES`), eight slow
+# readers at the defaults had leads of 3 blocks that filled the tier and read back 128 MiB
+# of 384 from the SSD tier (`test_fills_keep_eight_slow_readers_pace_at_the_defaults`: at
+# most 96); at twice, 0-56 MiB.
+LEAD_WEIGHT = 2
 
 Job = tuple[str, int]  # (object name, generation)
 
@@ -56,10 +63,10 @@ class _Pace:
 class Paces:
     """The readers' positions of the objects being read, and the fills' waits on them."""
 
-    def __init__(self, ram_bytes: int, block_size: int, copies: int = 1) -> None:
+    def __init__(self, ram_bytes: int, block_size: int, weight: int = LEAD_WEIGHT) -> None:
         self._ram_bytes = ram_bytes
         self._block_size = block_size
-        self._copies = copies  # how many times a block is held while it is downloaded
+        self._weight = weight  # how many times a block led by counts (`LEAD_WEIGHT`)
         self._paces: dict[Job, _Pace] = {}
         self._back: dict[Job, trio.Event] = {}  # fills' workers waiting for readers to come
         self.waits = 0  # fill downloads held back to keep their readers' pace
@@ -117,10 +124,10 @@ class Paces:
 
     def lead(self) -> int:
         """How many blocks a fill may run ahead of its readers: its object's share of the
-        RAM tier, in blocks held twice, less the readers' own block."""
+        RAM tier, in blocks counted `LEAD_WEIGHT` times, less the readers' own block."""
         if self._ram_bytes <= 0:
             return 1 << 62
-        share = self._ram_bytes // max(1, len(self._paces)) // (self._copies * self._block_size)
+        share = self._ram_bytes // max(1, len(self._paces)) // (self._weight * self._block_size)
         share -= 1  # the readers' own block
         return max(MIN_LEAD, share)
 
