@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,10 +15,11 @@ from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO, Inode, Kind
 from tierfs.core.listahead import FRESH_S, MAX_ENTRIES, ListedAhead
+from tierfs.core.lookups import LISTING_WAIT_S
 from tierfs.core.metacache import PRUNE_AT, MetadataCache
 from tierfs.core.namespace import MISSING, DirListing, Found
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
-from tierfs.storage import ObjectInfo
+from tierfs.storage import Listing, ObjectInfo
 from tierfs.storage.memory import MemoryBucket
 
 
@@ -403,6 +405,47 @@ async def test_lookups_during_a_prefetch_wait_for_it_instead_of_asking_gcs(
                 lookups.start_soon(fs.lookup, d.ino, f"f{i}")
         # One listing answered all five (made ahead with the root's, or by the first of them).
         assert requests(bucket) - before <= 1 and bucket.statistics()["stats"] == stats
+        nursery.cancel_scope.cancel()
+
+
+class GatedLists(MemoryBucket):
+    """A bucket whose listings wait for ``gate``: a prefetch of a huge directory."""
+
+    def __init__(self) -> None:
+        super().__init__("meta")
+        self.gate = trio.Event()
+
+    async def list(self, prefix: str, **kwargs: Any) -> Listing:
+        await self.gate.wait()
+        return await super().list(prefix, **kwargs)
+
+
+async def test_a_lookup_waits_for_a_long_prefetch_only_so_long(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The first stat in a directory waited for its whole metadata prefetch, a thousand
+    pages for a million names with ``metadata-prefetch-entries-limit=-1``; gcsfuse's
+    never holds a lookup. A lookup waits until `LISTING_WAIT_S` after the prefetch began,
+    then asks GCS itself; a sibling after that does not wait at all. The listing goes on
+    and answers the rest."""
+    bucket = GatedLists()
+    for i in range(3):
+        bucket.put(f"f{i}", b"x" * i)
+    async with trio.open_nursery() as nursery:
+        fs = Filesystem(bucket, Settings(temp_dir=str(tmp_path)), background=Background(nursery))
+        began = trio.current_time()
+        with trio.fail_after(10 * LISTING_WAIT_S):  # (without a bound: forever)
+            assert (await fs.lookup(ROOT_INO, "f1")).size == 1
+        assert trio.current_time() - began == pytest.approx(LISTING_WAIT_S)  # it waited
+        stats = bucket.statistics()["stats"]
+        with trio.fail_after(LISTING_WAIT_S / 10):
+            assert (await fs.lookup(ROOT_INO, "f2")).size == 2
+        assert bucket.statistics()["stats"] > stats  # asked GCS itself, at once
+        bucket.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        stats = bucket.statistics()["stats"]
+        assert (await fs.lookup(ROOT_INO, "f0")).size == 0
+        assert bucket.statistics()["stats"] == stats  # the listing answered it
         nursery.cancel_scope.cancel()
 
 

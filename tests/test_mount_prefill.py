@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from google.cloud import storage
 
 from tests.conftest import MountFactory
+from tests.faults import Action, FaultProxy, Rule
 from tests.mounting import Mount, stats, wait_until
 from tests.test_options_forms import CHECKPOINT_LINE
-from tierfs.core.lookups import CHILD_ENTRIES
+from tierfs.core.lookups import CHILD_ENTRIES, LISTING_WAIT_S
 from tierfs.core.prefill import ENTRIES_PER_LOOKUP
 
 DIRS = 4
@@ -120,6 +122,42 @@ def test_the_first_stat_in_a_cold_bucket_is_not_queued_behind_listings_made_ahea
     mount = mount_factory()
     assert os.stat(mount.path / "d075" / "f").st_size == 76
     assert stats(mount)["directories"]["listings_urged"] >= 1
+
+
+@pytest.mark.parametrize(
+    "extra", [(), ("--metadata-prefetch-entries-limit=-1",)], ids=["defaults", "list-all"]
+)
+def test_a_stat_is_not_held_by_a_listing_that_does_not_come(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+    extra: tuple[str, ...],
+) -> None:
+    """The metadata prefetch of the directory a stat is in does not come (the proxy holds
+    every listing: a directory of a million names listed whole, with ``-1``). The stat is
+    answered all the same, from a request of its own once the listing has taken
+    `LISTING_WAIT_S`; it waited for the whole listing, as long as it took."""
+    gcs_client.bucket(bucket_name).blob("f").upload_from_string(b"abc")
+    mount = mount_factory(fault_proxy.option, *extra)  # (which lists the bucket once)
+    release = threading.Event()
+    held = fault_proxy.faults.add(
+        Rule(Action(hold_after=1, release=release), method="GET", target=r"/o\?")
+    )
+    got: dict[str, int] = {}
+
+    def stat() -> None:
+        got["size"] = os.stat(mount.path / "f").st_size
+
+    try:
+        asker = threading.Thread(target=stat, daemon=True)
+        asker.start()
+        asker.join(30 * LISTING_WAIT_S)
+        assert not asker.is_alive(), "the stat waited for the listing"
+        assert got["size"] == 3 and held.fired >= 1  # (the listing was held meanwhile)
+    finally:
+        release.set()
+    assert sorted(os.listdir(mount.path)) == ["f"]
 
 
 @pytest.fixture

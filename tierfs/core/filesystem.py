@@ -47,7 +47,7 @@ from tierfs.core.inodes import ROOT_INO, Inode, InodeTable, Kind
 from tierfs.core.kernel import Kernel, NoKernel
 from tierfs.core.lifecycle import Lifecycle
 from tierfs.core.listahead import ListedAhead, Walks
-from tierfs.core.lookups import Lookups
+from tierfs.core.lookups import ListingUnderWay, Lookups
 from tierfs.core.metacache import MetadataCache
 from tierfs.core.namespace import (
     DirListing,
@@ -225,7 +225,7 @@ class Filesystem(
         self._copies = CacheCopies()  # uploads kept in the SSD tier, in the background
         self._monotonic_s = monotonic_s
         self._prefetched_dirs: dict[str, float] = {}
-        self._listing_in_flight: dict[str, trio.Event] = {}  # lookups there wait for it
+        self._listing_in_flight: dict[str, ListingUnderWay] = {}  # lookups wait for it
         self._ahead = ListedAhead(settings.metadata_ttl_s)  # answers for a walker's readdirs
         self._walks = Walks()  # which to list ahead of a warm walker
         keeps_names = settings.entry_timeout_s > 0  # (the kernel caches names it learns)

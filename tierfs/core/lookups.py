@@ -8,6 +8,7 @@ GCS. A part of `tierfs.core.filesystem.Filesystem`, sharing its state.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -29,6 +30,21 @@ else:
 log = logging.getLogger("tierfs.fs")
 PREFETCH_CHILDREN = 128  # subdirectories listed ahead when their parent is listed
 CHILD_ENTRIES = 1000  # of each: one page of a GCS listing
+# How long after a directory's metadata prefetch began its lookups still wait for it. A
+# prefetch of the default 5,000 entries is 5 pages; one of every entry
+# (``metadata-prefetch-entries-limit=-1``) of a directory of a million names is a
+# thousand, and the first stat there waited for all of them, where gcsfuse's prefetch
+# never holds a lookup. Past this, lookups ask GCS themselves (a stat or two each) while
+# the listing goes on for their siblings.
+LISTING_WAIT_S = 1.0
+
+
+@dataclass
+class ListingUnderWay:
+    """A directory's metadata prefetch under way (`Lookups._prefetch_listing`)."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    began: float = field(default_factory=trio.current_time)  # (trio's clock)
 
 
 def _newer_here(current: Inode | None) -> bool:
@@ -49,7 +65,10 @@ class Lookups(_Base):
         listing = self._listing_in_flight.get(parent.path)
         if listing is not None and self.inodes.current(path) is None:
             self._prefetch_slots.urge(parent.path)  # (before the listings bet on: `Slots`)
-            await listing.wait()  # one listing answers this and its siblings: no own requests
+            # One listing answers this and its siblings, with no requests of their own; a
+            # long one only for `LISTING_WAIT_S`.
+            with trio.move_on_at(listing.began + LISTING_WAIT_S):
+                await listing.done.wait()
         inode = await self._resolve(path)
         if inode is None:
             raise NotFound(path)
@@ -85,7 +104,7 @@ class Lookups(_Base):
         if len(self._prefetched_dirs) > 100_000:
             self._prefetched_dirs.clear()
         self._prefetched_dirs[dir_path] = now
-        self._listing_in_flight[dir_path] = trio.Event()
+        self._listing_in_flight[dir_path] = ListingUnderWay()
         self.background.spawn(self._list_in_background, dir_path, children, again)
 
     async def _list_in_background(self, dir_path: str, children: bool, walked: bool) -> None:
@@ -103,7 +122,7 @@ class Lookups(_Base):
         except Exception as err:  # a failed prefetch only means lookups ask GCS themselves
             log.debug("metadata prefetch of %r failed: %s", dir_path, err)
         finally:
-            self._listing_in_flight.pop(dir_path).set()
+            self._listing_in_flight.pop(dir_path).done.set()
         if children:
             self._list_ahead(dir_path, subdirs)
 
@@ -137,7 +156,7 @@ class Lookups(_Base):
         in_flight = self._listing_in_flight.get(dir_path)
         if in_flight is not None:
             self._prefetch_slots.urge(dir_path)
-            await in_flight.wait()
+            await in_flight.done.wait()  # (a readdir would list it all the same)
         return self._ahead.take(dir_path, self._monotonic_s(), self.names.changes)
 
     def remember(self, inode: Inode) -> None:
