@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from mount_options import parse_flags
-from tierfs.cli import commands, control, daemon, prefetch
+from tierfs.cli import commands, control, daemon, entry, prefetch
 from tierfs.cli import main as cli
 from tierfs.cli.fdmount import check_fd
 from tierfs.cli.mountpoint import DEAD, MountEntry, MountError
@@ -99,6 +99,23 @@ def in_thread(call: Callable[[], object], timeout_s: float = 5.0) -> object:
 
 
 # --- A1: --foreground -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["main", "mount_helper_main"])
+def test_a_ctrl_c_while_the_command_loads_is_one_line(
+    script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C in the 0.3 s the command line's modules take to load printed a Python
+    traceback; it says "interrupted" and exits 130, as one a moment later does."""
+
+    def interrupted(name: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(entry, "import_module", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        getattr(entry, script)()
+    assert ended.value.code == 130
+    assert capsys.readouterr().err == "tierfs: interrupted\n"
 
 
 def test_foreground_internal_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
