@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 import pytest
 import requests
@@ -116,6 +117,53 @@ def test_a_ctrl_c_while_the_command_loads_is_one_line(
         getattr(entry, script)()
     assert ended.value.code == 130
     assert capsys.readouterr().err == "tierfs: interrupted\n"
+
+
+class SpawnedUnderCtrlC:
+    """``subprocess.Popen`` for `daemon.start_background`: a SIGINT comes while the child
+    is being spawned (before ``Popen`` returns); the child is only recorded."""
+
+    made: ClassVar[list[SpawnedUnderCtrlC]] = []
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        self.killed = False
+        SpawnedUnderCtrlC.made.append(self)
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -9
+
+
+def test_a_ctrl_c_while_the_daemon_is_spawned_stops_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Raised inside ``Popen``, the KeyboardInterrupt left a daemon nobody stopped (the
+    mount came up after "interrupted"). It is held until the PID is known, then stops
+    it, and Python's handler is put back."""
+    SpawnedUnderCtrlC.made.clear()
+    monkeypatch.setattr(daemon.subprocess, "Popen", SpawnedUnderCtrlC)
+    with pytest.raises(KeyboardInterrupt):
+        daemon.start_background(["mount", "b", str(tmp_path)], str(tmp_path))
+    assert [child.killed for child in SpawnedUnderCtrlC.made] == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored_while_the_daemon_is_spawned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A mount a script starts in the background has SIGINT ignored: holding it must not
+    turn one into an interruption."""
+    monkeypatch.setattr(daemon.subprocess, "Popen", SpawnedUnderCtrlC)
+    monkeypatch.setattr(daemon, "final_word", lambda fd, quiet_s: "ok")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        daemon.start_background(["mount", "b", str(tmp_path)], str(tmp_path))
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_foreground_internal_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

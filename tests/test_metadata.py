@@ -15,7 +15,7 @@ from tierfs.core.background import Background
 from tierfs.core.filesystem import Filesystem, Settings
 from tierfs.core.inodes import ROOT_INO, Inode, Kind
 from tierfs.core.listahead import FRESH_S, MAX_ENTRIES, ListedAhead
-from tierfs.core.lookups import LISTING_WAIT_S
+from tierfs.core.lookups import LISTING_WAIT_S, ListingUnderWay
 from tierfs.core.metacache import PRUNE_AT, MetadataCache
 from tierfs.core.namespace import MISSING, DirListing, Found
 from tierfs.errors import NotFound, PreconditionFailed, errno_of
@@ -447,6 +447,42 @@ async def test_a_lookup_waits_for_a_long_prefetch_only_so_long(
         assert (await fs.lookup(ROOT_INO, "f0")).size == 0
         assert bucket.statistics()["stats"] == stats  # the listing answered it
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("sent_at", "done_at", "returns_at"),
+    [
+        (0.5, 1.2, 1.2),  # queued for a slot half the bound: its whole bound from there
+        (0.5, None, 1.5),
+        (None, None, 1.0),  # never sent: as long as the bound, for it to be sent
+        (2.0, 2.1, 1.0),  # sent past that: not waited for
+    ],
+)
+async def test_a_lookup_waits_for_a_listing_from_when_it_is_sent(
+    autojump_clock: trio.testing.MockClock,
+    sent_at: float | None,
+    done_at: float | None,
+    returns_at: float,
+) -> None:
+    """The bound counts from when the listing got a slot, not from when it was queued:
+    list-ahead queues 128 listings for 10 slots, and a stat found its listing past the
+    bound before it was even sent (its urge makes it next), then asked GCS itself."""
+    listing = ListingUnderWay()
+    began = trio.current_time()
+
+    async def run() -> None:
+        if sent_at is not None:
+            await trio.sleep(sent_at * LISTING_WAIT_S)
+            listing.send()
+            if done_at is not None:
+                await trio.sleep((done_at - sent_at) * LISTING_WAIT_S)
+                listing.done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await listing.wait()
+        assert trio.current_time() - began == pytest.approx(returns_at * LISTING_WAIT_S)
+        assert listing.done.is_set() == (returns_at == done_at)
 
 
 async def test_a_kept_listing_is_not_rebuilt_until_something_changes(

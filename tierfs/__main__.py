@@ -12,6 +12,6 @@ import sys
 if sys.argv[1:2] == ["mount"] and "--foreground" in sys.argv:
     sys.modules["grpc"] = None  # type: ignore[assignment]
 
-from tierfs.cli.main import main
+from tierfs.cli.entry import main
 
 main()

@@ -174,8 +174,8 @@ class RamTier:
         return max(0, self._max_bytes - other) // block_size
 
     async def reserve(self, nbytes: int) -> None:
-        """Hold back ``nbytes`` of the tier for a download under way (its bytes, with a
-        margin: `tierfs.core.blocks.DOWNLOAD_COPIES`), evicting blocks for them, so that the
+        """Hold back ``nbytes`` of the tier for a download under way (its bytes,
+        `tierfs.core.blocks.DOWNLOAD_COPIES` times), evicting blocks for them, so that the
         daemon's memory is the tier's size however many downloads run. Waits while other
         downloads' reservations fill the tier (one always goes ahead). Pair with
         `release`."""

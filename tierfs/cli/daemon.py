@@ -117,38 +117,52 @@ class _HeldInterrupt:
     """Ctrl-C while the daemon is spawned, held until the parent knows its PID. Raised
     inside ``Popen`` (waiting for the child's exec), it left a daemon nobody stopped: the
     mount came up after `tierfs mount` had said "interrupted" (3 of 25 runs of
-    `test_ctrl_c_while_a_mount_starts_leaves_no_daemon_and_no_mount` on a loaded CPU)."""
+    `test_ctrl_c_while_a_mount_starts_leaves_no_daemon_and_no_mount` on a loaded CPU).
+    Only Python's own handler is replaced: a SIGINT ignored (a mount started in the
+    background by a script) stays ignored, a handler set by someone else stays theirs."""
 
     def __init__(self) -> None:
         self.came = False
-        self._previous: signal.Handlers | object | None = None
+        self._held = False
 
     def hold(self) -> None:
-        if threading.current_thread() is threading.main_thread():  # (signal's own rule)
-            self._previous = signal.signal(signal.SIGINT, self._note)
+        if (
+            threading.current_thread() is threading.main_thread()  # (signal's own rule)
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, self._note)
+            self._held = True
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self.came = True
 
-    def let_go(self) -> None:
-        """Put Python's handler back; raise KeyboardInterrupt if a Ctrl-C came meanwhile."""
-        previous, self._previous = self._previous, None
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
-        if self.came:
+    def let_go(self, *, raise_held: bool = True) -> None:
+        """Put Python's handler back; with ``raise_held``, raise KeyboardInterrupt if a
+        Ctrl-C came meanwhile."""
+        if self._held:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._held = False
+        if self.came and raise_held:
             self.came = False
             raise KeyboardInterrupt
 
 
 def _stop_starting(child: subprocess.Popen[bytes], mountpoint: str) -> None:
-    """Kill a daemon still starting, and take off a mount it made meanwhile."""
-    child.kill()
-    child.wait()
-    if mounted_here(mountpoint) is not None:  # (refused before the start if there was one)
-        try:
-            unmount(mountpoint, lazy=True)
-        except MountError:
-            pass
+    """Kill a daemon still starting, and take off a mount it made meanwhile. A second
+    Ctrl-C (users press it twice) is held meanwhile: it cut this short, and the daemon,
+    in a session of its own, never sees the terminal's."""
+    interrupt = _HeldInterrupt()
+    interrupt.hold()
+    try:
+        child.kill()
+        child.wait()
+        if mounted_here(mountpoint) is not None:  # (refused before the start if there was one)
+            try:
+                unmount(mountpoint, lazy=True)
+            except MountError:
+                pass
+    finally:
+        interrupt.let_go(raise_held=False)  # (what is being handled goes on all the same)
 
 
 def daemon_pids(mountpoint: str) -> list[int]:

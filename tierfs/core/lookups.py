@@ -8,6 +8,7 @@ GCS. A part of `tierfs.core.filesystem.Filesystem`, sharing its state.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,8 +31,9 @@ else:
 log = logging.getLogger("tierfs.fs")
 PREFETCH_CHILDREN = 128  # subdirectories listed ahead when their parent is listed
 CHILD_ENTRIES = 1000  # of each: one page of a GCS listing
-# How long after a directory's metadata prefetch began its lookups still wait for it. A
-# prefetch of the default 5,000 entries is 5 pages; one of every entry
+# How long after a directory's metadata prefetch was sent its lookups still wait for it
+# (and, at most, for it to be sent: it waits for a slot, urged). A prefetch of the
+# default 5,000 entries is 5 pages; one of every entry
 # (``metadata-prefetch-entries-limit=-1``) of a directory of a million names is a
 # thousand, and the first stat there waited for all of them, where gcsfuse's prefetch
 # never holds a lookup. Past this, lookups ask GCS themselves (a stat or two each) while
@@ -41,10 +43,28 @@ LISTING_WAIT_S = 1.0
 
 @dataclass
 class ListingUnderWay:
-    """A directory's metadata prefetch under way (`Lookups._prefetch_listing`)."""
+    """A directory's metadata prefetch under way (`Lookups._prefetch_listing`): queued for
+    a slot until ``sent`` is set, with when (``began``, trio's clock), then listing."""
 
+    sent: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
-    began: float = field(default_factory=trio.current_time)  # (trio's clock)
+    began: float = math.inf
+
+    def send(self) -> None:
+        self.began = trio.current_time()
+        self.sent.set()
+
+    async def wait(self) -> None:
+        """Until the listing is done, or `LISTING_WAIT_S` after it was sent (counted from
+        the slot, not the queue: list-ahead queues 128 listings for 10 slots, and a stat
+        then found its listing past the bound before it was even sent), waiting at most
+        as long for it to be sent."""
+        with trio.move_on_after(LISTING_WAIT_S):
+            await self.sent.wait()
+        if not self.sent.is_set():
+            return
+        with trio.move_on_at(self.began + LISTING_WAIT_S):
+            await self.done.wait()
 
 
 def _newer_here(current: Inode | None) -> bool:
@@ -67,8 +87,7 @@ class Lookups(_Base):
             self._prefetch_slots.urge(parent.path)  # (before the listings bet on: `Slots`)
             # One listing answers this and its siblings, with no requests of their own; a
             # long one only for `LISTING_WAIT_S`.
-            with trio.move_on_at(listing.began + LISTING_WAIT_S):
-                await listing.done.wait()
+            await listing.wait()
         inode = await self._resolve(path)
         if inode is None:
             raise NotFound(path)
@@ -111,6 +130,7 @@ class Lookups(_Base):
         subdirs: tuple[str, ...] = ()
         try:
             async with self._prefetch_slots.slot(dir_path):
+                self._listing_in_flight[dir_path].send()
                 entries = self.settings.metadata_prefetch_entries
                 if not children and not walked:  # maybe never walked: one page at most
                     entries = min(entries, CHILD_ENTRIES) if entries >= 0 else CHILD_ENTRIES
