@@ -211,12 +211,18 @@ class BlockReader:
             return
         if not sequential:
             self._ahead = 0
+            self.blocks.reading_ahead.discard(self)
             return
         if self.blocks.filling(self.name, self.generation):
             return  # the fill is this file's read-ahead, ``per_file`` downloads at a time
         serial = self.fill and self.blocks.per_file == 1
         first = FIRST_AHEAD if first_read else 1
-        self._ahead = min(max(first, self._ahead * 2), self.max_ahead)
+        # Files reading ahead at once share the depth: each at its own, 4 readers of 256
+        # MiB files (defaults, no cache dir) evicted blocks read ahead before they were
+        # read and fetched them again, 1.4-1.75x the bytes from GCS.
+        self.blocks.reading_ahead.add(self)
+        most = max(1, self.max_ahead // len(self.blocks.reading_ahead))
+        self._ahead = min(max(first, self._ahead * 2), most)
         start = max(last + 1, self._prefetched_to + 1)
         stop = min(last + self._ahead, self.blocks.blocks_of(self.size) - 1)
         if start <= stop:
@@ -249,6 +255,7 @@ class BlockReader:
 
     def close(self) -> None:
         self._last = self._coming = None
+        self.blocks.reading_ahead.discard(self)
         self.blocks.kept_last.gone(self)
         self.blocks.read_ahead_unread += len(self._unread)  # what read-ahead cost for nothing
         self._unread.clear()
