@@ -215,6 +215,9 @@ def test_ctrl_c_while_a_mount_starts_leaves_no_daemon_and_no_mount(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # (as from a terminal: a suite started in the background by a non-interactive
+            # shell has SIGINT ignored, which its children inherit, and keep: CI timed out)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         # (the daemon itself: a child forked but not yet exec'd shows its parent's command
         # line, and a SIGINT then came while the parent was still importing or spawning)
