@@ -179,11 +179,13 @@ class _Link:
                     if self.hold is not None:
                         n = self._held(view, n, dst, bucket)
                 bucket.take(n)
-                dst.sendall(view[:n])
+                # Counted before it is sent: counted after, a client could have the whole
+                # answer before the count did (a test read 0 bytes down for its answer).
                 if request_side:
                     self.proxy.bytes_up += n
                 else:
                     self.proxy.bytes_down += n
+                dst.sendall(view[:n])
         except OSError:
             pass
         finally:
@@ -206,8 +208,8 @@ class _Link:
             self.hold = (left - n, release)
             return n
         bucket.take(left)
+        self.proxy.bytes_down += left  # (before it is sent, as in `_pump`)
         dst.sendall(view[:left])
-        self.proxy.bytes_down += left
         self.hold = None
         release.wait()
         view[: n - left] = view[left:n]
