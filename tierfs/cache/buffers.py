@@ -123,6 +123,13 @@ class BlockBuffers:
             "refused": self.refused,
         }
 
+    def in_use(self) -> int:
+        """How many mappings something holds a view of now (a tier, a reader, a download)."""
+        with self._lock:
+            return sum(
+                1 for index in range(len(self._maps)) if _refs(self._maps, index) != self._idle
+            )
+
     @property
     def keep(self) -> int:
         """How many mappings, in use or idle, the pool keeps at most (asked each time

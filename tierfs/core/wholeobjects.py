@@ -143,6 +143,9 @@ class _WholeObjects(_Base):
                     for tier in keep:
                         if not tier.holds(key):  # a hit in another tier: store it here too
                             await self._put(tier, key, data)
+                    # Let the block go before waiting for the readers' pace: held here, a
+                    # block the RAM tier evicts stays in memory, uncounted, one per worker.
+                    del data
                     if index >= UNREAD_WORKERS:
                         await unread()
                 exhausted = True
