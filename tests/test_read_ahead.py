@@ -15,10 +15,10 @@ from google.cloud import storage
 
 from tests.mounting import Mount, stats, wait_until
 from tests.test_cache_tiers import open_ssd
-from tierfs.cache import Tier
+from tierfs.cache import BlockKey, Tier
 from tierfs.cache.ram import RamTier
 from tierfs.core.background import Background
-from tierfs.core.blockreader import FIRST_AHEAD, BlockReader
+from tierfs.core.blockreader import AHEAD_IDLE_S, FIRST_AHEAD, BlockReader
 from tierfs.core.blocks import Blocks
 from tierfs.storage import Into, Progress
 from tierfs.storage.memory import MemoryBucket
@@ -240,4 +240,47 @@ async def test_files_reading_ahead_at_once_share_the_depth(
         for reader in readers.values():
             reader.close()
     assert blocks.gcs_bytes == 4 * size
+    assert len(blocks.reading_ahead) == 0
+
+
+async def test_a_file_left_open_leaves_its_share_of_the_depth(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A file that read a little and was left open (a shard a data loader comes back to)
+    takes no share of the read-ahead depth once it has not read for `AHEAD_IDLE_S`: the
+    file still reading goes as far ahead as it would alone."""
+    memory = MemoryBucket()
+    size = 24 * BLOCK
+    files = {name: os.urandom(size) for name in ("idle", "busy")}
+    infos = {name: memory.put(name, data) for name, data in files.items()}
+    ram = RamTier(16 * BLOCK)
+    blocks = Blocks(memory, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(16), memory=ram)
+    async with trio.open_nursery() as nursery:
+        readers = {
+            name: BlockReader(
+                blocks,
+                name,
+                infos[name].generation,
+                size,
+                spawn=Background(nursery).spawn,
+                max_ahead_bytes=8 * BLOCK,
+            )
+            for name in files
+        }
+        for offset in range(0, 2 * BLOCK, BLOCK):  # both read, then one stops
+            for name, reader in readers.items():
+                assert (
+                    bytes(await reader.read(offset, BLOCK)) == files[name][offset : offset + BLOCK]
+                )
+        await trio.sleep(AHEAD_IDLE_S)
+        busy = readers["busy"]
+        for offset in range(2 * BLOCK, 12 * BLOCK, BLOCK):
+            assert bytes(await busy.read(offset, BLOCK)) == files["busy"][offset : offset + BLOCK]
+            await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
+        generation = infos["busy"].generation
+        ahead = [i for i in range(24) if ram.holds(BlockKey("busy", generation, i))]
+        assert max(ahead) == 11 + 8  # the whole depth past its last block, not half of it
+        for reader in readers.values():
+            reader.close()
     assert len(blocks.reading_ahead) == 0

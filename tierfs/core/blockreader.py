@@ -32,6 +32,11 @@ log = logging.getLogger("tierfs.blocks")
 # 8 blocks 736-742.
 FIRST_AHEAD = 4
 
+# A file that has read nothing for this long (an open shard a data loader comes back to
+# later) leaves its share of the read-ahead depth to the files still reading. As long
+# as a fill's pace waits for a reader that stopped (`tierfs.core.pace.PACE_WAIT_S`).
+AHEAD_IDLE_S = 1.0
+
 
 class BlockReader:
     """One open file's reads of one object generation."""
@@ -211,7 +216,7 @@ class BlockReader:
             return
         if not sequential:
             self._ahead = 0
-            self.blocks.reading_ahead.discard(self)
+            self.blocks.reading_ahead.pop(self, None)
             return
         if self.blocks.filling(self.name, self.generation):
             return  # the fill is this file's read-ahead, ``per_file`` downloads at a time
@@ -219,9 +224,13 @@ class BlockReader:
         first = FIRST_AHEAD if first_read else 1
         # Files reading ahead at once share the depth: each at its own, 4 readers of 256
         # MiB files (defaults, no cache dir) evicted blocks read ahead before they were
-        # read and fetched them again, 1.4-1.75x the bytes from GCS.
-        self.blocks.reading_ahead.add(self)
-        most = max(1, self.max_ahead // len(self.blocks.reading_ahead))
+        # read and fetched them again, 1.4-1.75x the bytes from GCS. A file that has not
+        # read for `AHEAD_IDLE_S` (left open) takes no share.
+        now = trio.current_time()
+        reading = self.blocks.reading_ahead
+        reading[self] = now
+        sharing = sum(1 for when in reading.values() if now - when < AHEAD_IDLE_S)
+        most = max(1, self.max_ahead // sharing)
         self._ahead = min(max(first, self._ahead * 2), most)
         start = max(last + 1, self._prefetched_to + 1)
         stop = min(last + self._ahead, self.blocks.blocks_of(self.size) - 1)
@@ -255,7 +264,7 @@ class BlockReader:
 
     def close(self) -> None:
         self._last = self._coming = None
-        self.blocks.reading_ahead.discard(self)
+        self.blocks.reading_ahead.pop(self, None)
         self.blocks.kept_last.gone(self)
         self.blocks.read_ahead_unread += len(self._unread)  # what read-ahead cost for nothing
         self._unread.clear()

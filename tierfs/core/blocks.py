@@ -153,9 +153,9 @@ class Blocks(_RandomReads, _WholeObjects):
         self.fill_unread_waits = 0  # fill workers held while nobody read the object
         self.read_ahead = 0  # blocks a sequential reader's read-ahead asked for
         self.read_ahead_unread = 0  # ... that its open file closed without reading
-        # Open files reading ahead now, which share how far ahead they go
-        # (`tierfs.core.blockreader.BlockReader._plan`).
-        self.reading_ahead: weakref.WeakSet[object] = weakref.WeakSet()
+        # Open files reading ahead, with when each last read, which share how far ahead
+        # they go (`tierfs.core.blockreader.BlockReader._plan`).
+        self.reading_ahead: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
 
     def _buffers_kept(self) -> int:
         """Block buffers to keep mapped: as many as the RAM tier has room for; without one,
