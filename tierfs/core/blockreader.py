@@ -14,6 +14,7 @@ brings the whole object into the cache with ``parallel-downloads-per-file`` work
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
@@ -84,9 +85,14 @@ class BlockReader:
         first, last = offset // size, (end - 1) // size
         random = offset != self._next and not (self._first and offset == 0)
         job = self._announce(offset, last, end)
+        reading = self.blocks.reading_ahead
+        if self in reading:  # waiting for its blocks, however long: not idle
+            reading[self] = math.inf
         try:  # a reader waiting for its blocks has not stopped: the fill stays paced
             return await self._read(offset, end, first, last, random)
         finally:
+            if self in reading:
+                reading[self] = trio.current_time()
             self.blocks.paces.answered(job)
 
     def _announce(self, offset: int, last: int, end: int) -> tuple[str, int]:
@@ -229,7 +235,7 @@ class BlockReader:
         now = trio.current_time()
         reading = self.blocks.reading_ahead
         reading[self] = now
-        sharing = sum(1 for when in reading.values() if now - when < AHEAD_IDLE_S)
+        sharing = sum(1 for when in reading.values() if now - when < AHEAD_IDLE_S)  # (inf: reading)
         most = max(1, self.max_ahead // sharing)
         self._ahead = min(max(first, self._ahead * 2), most)
         start = max(last + 1, self._prefetched_to + 1)
