@@ -16,7 +16,7 @@ Layout (each module's docstring says why it is the way it is):
 - `tierfs_systems` tierfs (default options) and its variants: the GKE
               checkpointing option line, the write modes, kept listings;
 - `workloads` what a workload is made of: `Workload`, `Metric`, `Cell`;
-- `writes`, `reads`, `metadata`, `saves`  the workloads, one small class each;
+- `writes`, `reads`, `multiread`, `metadata`, `saves`  the workloads, one small class each;
 - `catalog`   the registry of systems and workloads, in the order ``make bench``
               runs them;
 - `direct`    the fastest direct GCS client this harness knows;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.metadata import Metadata
+from benchmarks.multiread import MultiRead
 from benchmarks.reads import RandRead, SeqRead
 from benchmarks.saves import Create, DcpSave, OrbaxSave, Remove
 from benchmarks.systems import GcsDirect, LocalDir, NullFuse, Rclone, System, Tmpfs
@@ -26,6 +27,7 @@ WORKLOADS: dict[str, type[Workload]] = {
     for cls in (
         SeqWrite,
         SeqRead,
+        MultiRead,
         RandRead,
         Metadata,
         Create,

@@ -339,7 +339,7 @@ class NullFuse(SpawnedFuse):
     description = "pyfuse3 + trio, files in a dict, nothing behind them (benchmarks/nullfs.py)"
     kind = "local"
     network = False
-    only = ("create", "orbax", "dcp", "meta", "read", "rand")
+    only = ("create", "orbax", "dcp", "meta", "read", "multi", "rand")
 
     def mount(self, bucket: str, *, fresh: bool = True) -> Path:
         root = super().mount(bucket, fresh=fresh)

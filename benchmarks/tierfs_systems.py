@@ -28,6 +28,7 @@ class Tierfs(FuseSystem):
     name = "tierfs"
     description = "tierfs, default options"
     persistent = False  # no cache dir: only the RAM tier, gone with the daemon
+    tierfs_command = TIERFS  # (what workloads ask `tierfs stats` with)
 
     def options(self, cache_dir: Path) -> list[str]:
         return []
