@@ -307,14 +307,18 @@ def test_files_read_at_once_through_a_mount_are_fetched_once(
 
     with concurrent.futures.ThreadPoolExecutor(len(files)) as pool:
         assert all(pool.map(read, files))
-    assert stats(mount)["gcs"]["bytes_read"] == 4 * 96 * MiB
+    # Exact in 5 runs of 5; a block or two of slack for a reader thread held off the CPU
+    # for a second (it then takes no share for a moment). Not sharing: +120-128 MiB.
+    assert stats(mount)["gcs"]["bytes_read"] <= 4 * 96 * MiB + 16 * MiB
 
 
+@pytest.mark.parametrize("answered_meanwhile", [False, True])
 async def test_a_file_waiting_long_for_its_block_keeps_its_share(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, answered_meanwhile: bool
 ) -> None:
     """A file whose read waits longer than `AHEAD_IDLE_S` for its block (a slow link) is
-    still reading: the other file keeps to half the depth."""
+    still reading, also when another read of it (the kernel sends several at once) was
+    answered meanwhile: the other file keeps to half the depth."""
     memory = MemoryBucket()
     size = 24 * BLOCK
     files = {name: os.urandom(size) for name in ("slow", "busy")}
@@ -322,7 +326,7 @@ async def test_a_file_waiting_long_for_its_block_keeps_its_share(
 
     class SlowFor(LoggedReads):
         async def read(self, name: str, **kwargs: object) -> bytes | memoryview:  # type: ignore[override]
-            if name == "slow":
+            if name == "slow" and (kwargs["offset"] == BLOCK or not answered_meanwhile):
                 await trio.sleep(10 * AHEAD_IDLE_S)
             return await self.bucket.read(name, **kwargs)  # type: ignore[arg-type]
 
@@ -347,11 +351,20 @@ async def test_a_file_waiting_long_for_its_block_keeps_its_share(
             for name in files
         }
 
-        async def slow_read() -> None:
-            got = await readers["slow"].read(0, BLOCK)
-            assert bytes(got) == files["slow"][:BLOCK]
+        slow = readers["slow"]
 
-        nursery.start_soon(slow_read)
+        async def slow_read(offset: int) -> None:
+            got = await slow.read(offset, BLOCK)
+            assert bytes(got) == files["slow"][offset : offset + BLOCK]
+
+        if answered_meanwhile:  # block 1 waits, block 2 (read ahead) is answered at once
+            await slow_read(0)
+            nursery.start_soon(slow_read, BLOCK)
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(AHEAD_IDLE_S / 2):
+                await slow_read(2 * BLOCK)
+        else:
+            nursery.start_soon(slow_read, 0)
         await trio.sleep(2 * AHEAD_IDLE_S)  # the slow file's read still waits
         busy = readers["busy"]
         for offset in range(0, 12 * BLOCK, BLOCK):

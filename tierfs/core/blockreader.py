@@ -14,13 +14,13 @@ brings the whole object into the cache with ``parallel-downloads-per-file`` work
 from __future__ import annotations
 
 import logging
-import math
 
 import trio
 
 from tierfs.cache import BlockKey, Data
 from tierfs.core.background import Spawn
 from tierfs.core.blocks import Blocks, Flight
+from tierfs.core.pace import PACE_WAIT_S
 
 log = logging.getLogger("tierfs.blocks")
 
@@ -36,7 +36,7 @@ FIRST_AHEAD = 4
 # A file that has read nothing for this long (an open shard a data loader comes back to
 # later) leaves its share of the read-ahead depth to the files still reading. As long
 # as a fill's pace waits for a reader that stopped (`tierfs.core.pace.PACE_WAIT_S`).
-AHEAD_IDLE_S = 1.0
+AHEAD_IDLE_S = PACE_WAIT_S
 
 
 class BlockReader:
@@ -75,6 +75,7 @@ class BlockReader:
         self._chaining = False  # serial read-ahead: its one task is running
         self._chain_stop = -1
         self._pacing = False  # a fill of this object keeps our pace (`tierfs.core.pace`)
+        self.reads = 0  # reads under way (`read`): however long they wait, not idle
         self._unread: set[int] = set()  # blocks read ahead, not read yet (`Blocks.read_ahead`)
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
@@ -85,13 +86,13 @@ class BlockReader:
         first, last = offset // size, (end - 1) // size
         random = offset != self._next and not (self._first and offset == 0)
         job = self._announce(offset, last, end)
-        reading = self.blocks.reading_ahead
-        if self in reading:  # waiting for its blocks, however long: not idle
-            reading[self] = math.inf
+        self.reads += 1
         try:  # a reader waiting for its blocks has not stopped: the fill stays paced
             return await self._read(offset, end, first, last, random)
         finally:
-            if self in reading:
+            self.reads -= 1
+            reading = self.blocks.reading_ahead
+            if self in reading:  # (not once closed, or no longer reading ahead)
                 reading[self] = trio.current_time()
             self.blocks.paces.answered(job)
 
@@ -225,17 +226,22 @@ class BlockReader:
             self.blocks.reading_ahead.pop(self, None)
             return
         if self.blocks.filling(self.name, self.generation):
+            self.blocks.reading_ahead.pop(self, None)
             return  # the fill is this file's read-ahead, ``per_file`` downloads at a time
         serial = self.fill and self.blocks.per_file == 1
         first = FIRST_AHEAD if first_read else 1
         # Files reading ahead at once share the depth: each at its own, 4 readers of 256
         # MiB files (defaults, no cache dir) evicted blocks read ahead before they were
-        # read and fetched them again, 1.4-1.75x the bytes from GCS. A file that has not
-        # read for `AHEAD_IDLE_S` (left open) takes no share.
+        # read and fetched them again, 1.4-1.75x the bytes from GCS. A file with no read
+        # under way that has not read for `AHEAD_IDLE_S` (left open) takes no share.
         now = trio.current_time()
         reading = self.blocks.reading_ahead
         reading[self] = now
-        sharing = sum(1 for when in reading.values() if now - when < AHEAD_IDLE_S)  # (inf: reading)
+        sharing = sum(
+            1
+            for reader, when in reading.items()
+            if now - when < AHEAD_IDLE_S or getattr(reader, "reads", 0) > 0
+        )
         most = max(1, self.max_ahead // sharing)
         self._ahead = min(max(first, self._ahead * 2), most)
         start = max(last + 1, self._prefetched_to + 1)
