@@ -29,7 +29,7 @@ small read would start 16 streams of 4 MiB), the GCS JSON API used directly with
 parallel ranged reads and uploads (the backend limit), a local-disk directory
 and tmpfs (the local limits), and `pyfuse3-null` (`benchmarks/nullfs.py`: a
 pyfuse3 + trio file system answering from a dict, nothing behind it; in
-`create`, `meta`, `read`, `rand` and the saves, it is what any daemon on this
+`create`, `meta`, `read`, `multi`, `rand` and the saves, it is what any daemon on this
 stack can reach on the machine). A/B variants of tierfs run in one workload each:
 `tierfs-ckpt-serial` (parallel downloads off) in `read`, `tierfs-lists`
 (listings kept 5 minutes, as rclone keeps them) in `meta`, and `tierfs-staged`,
@@ -37,7 +37,9 @@ stack can reach on the machine). A/B variants of tierfs run in one workload each
 one 1 GiB checkpoint file. Each runs twice: on the plain emulator (RAM,
 ~1.5 ms per request) and through a GCS-shaped link (+20 ms per request,
 200 MB/s per connection), since caches and parallelism only show their worth
-on the second. Every byte read back is verified. Results:
+on the second. `multi` reads the 4 files of `read` at once, one thread each, and
+reports the bytes tierfs fetched from GCS per byte read (1.00: nothing fetched twice).
+Every byte read back is verified. Results:
 `benchmarks/results/bench-full.{json,md,png}`; how it works: `benchmarks/__init__.py`;
 a py-spy profile of one cell: `python -m benchmarks.profile WORKLOAD SYSTEM`;
 streaming's memory bound: `python -m benchmarks.stream_rss`.
