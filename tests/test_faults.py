@@ -698,3 +698,26 @@ def test_a_create_gcs_refuses_leaves_no_file_behind(
     fault_proxy.faults.stop()
     assert mount.unmount().returncode == 0
     assert [b.name for b in gcs_client.list_blobs(bucket_name)] == []
+
+
+def test_a_slow_answer_to_a_big_one_request_upload_is_waited_for(
+    mount_factory: MountFactory,
+    fault_proxy: FaultProxy,
+    gcs_client: storage.Client,
+    bucket_name: str,
+) -> None:
+    """A staged file of two chunks' worth (65 MiB) goes up as one request, whose answer the
+    proxy holds 13 s: more than the 10 s stall bound, less than one per 64 MiB of body.
+    The upload waits for it: the bytes go up once, close() succeeds. (Cut at 10 s, the
+    upload went on in resumable chunks, sending everything again; on the emulator, whose
+    answers take O(size), a staged 1 GiB write then lost its session: ENOENT.)"""
+    mount = mount_factory(fault_proxy.option, "--enable-streaming-writes=false")
+    data = os.urandom(65 << 20)
+    rule = fault_proxy.faults.add(
+        Rule(Action(stall_s=13), method="POST", target=r"uploadType=multipart", times=1)
+    )
+    before = fault_proxy.proxy.bytes_up
+    (mount.path / "big.bin").write_bytes(data)
+    assert rule.fired == 1
+    assert fault_proxy.proxy.bytes_up - before < 1.5 * len(data)
+    assert gcs_client.bucket(bucket_name).blob("big.bin").download_as_bytes() == data

@@ -367,7 +367,14 @@ class _Uploads(_Base):
         session: requests.Session = self._client._http
         url = self._upload_url
         headers = {"Content-Type": f'multipart/related; boundary="{boundary}"'}
-        timeout = self._upload_timeout_s or None
+        # Sending, the stall bound as it is; the answer, one bound per chunk's worth of
+        # body (`UPLOAD_CHUNK_BYTES`), as a resumable upload's chunks would each have: the
+        # server answers once it has taken the whole body in, which the emulator does in
+        # O(size) (hashing, storing). Staged 1 GiB writes: its answer came after more than
+        # 10 s, the upload went on in resumable chunks, whose answers took as long; the
+        # session was lost and close() failed (ENOENT), 3 of 4 runs.
+        stall = self._upload_timeout_s
+        timeout = (stall, stall * max(1, -(-size // UPLOAD_CHUNK_BYTES))) if stall else None
 
         bodies: builtins.list[_FileBody] = []
 
