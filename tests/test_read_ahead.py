@@ -201,18 +201,17 @@ def test_reading_a_files_head_fetches_the_blocks_ahead_through_a_mount(
     assert (data_stats["read_ahead_blocks"], data_stats["read_ahead_unread"]) == (FIRST_AHEAD,) * 2
 
 
-async def test_files_reading_ahead_at_once_share_the_depth(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """Four files read in turn, block by block, each allowed 8 blocks ahead, through a RAM
-    tier of 16 blocks: at their own depth, 32 blocks ahead evicted blocks before they were
-    read, and they were fetched again (4 readers of 256 MiB at the defaults: 1.4-1.75x
-    the bytes from GCS). Sharing the depth, every byte is fetched once."""
-    memory = MemoryBucket()
-    size = 24 * BLOCK
-    files = {f"f{i}": os.urandom(size) for i in range(4)}
+SHARED_SIZE = 24 * BLOCK  # each file of the shared-depth tests
+
+
+def sharing(
+    bucket: object, memory: MemoryBucket, names: list[str], nursery: trio.Nursery
+) -> tuple[dict[str, bytes], RamTier, Blocks, dict[str, BlockReader]]:
+    """Files of `SHARED_SIZE` put in ``memory`` and read through ``bucket`` (it or a
+    wrapper of it) and a RAM tier of 16 blocks, each file allowed 8 blocks ahead: their
+    bytes, the tier, the blocks and a reader for each."""
+    files = {name: os.urandom(SHARED_SIZE) for name in names}
     infos = {name: memory.put(name, data) for name, data in files.items()}
-    bucket = LoggedReads(memory)
     ram = RamTier(16 * BLOCK)
     blocks = Blocks(
         bucket,  # type: ignore[arg-type]
@@ -221,26 +220,46 @@ async def test_files_reading_ahead_at_once_share_the_depth(
         downloads=trio.CapacityLimiter(16),
         memory=ram,
     )
+    readers = {
+        name: BlockReader(
+            blocks,
+            name,
+            infos[name].generation,
+            SHARED_SIZE,
+            spawn=Background(nursery).spawn,
+            max_ahead_bytes=8 * BLOCK,
+        )
+        for name in files
+    }
+    return files, ram, blocks, readers
+
+
+def furthest_ahead(ram: RamTier, reader: BlockReader) -> int:
+    """The last block of ``reader``'s file the RAM tier holds."""
+    held = SHARED_SIZE // BLOCK
+    return max(i for i in range(held) if ram.holds(BlockKey(reader.name, reader.generation, i)))
+
+
+async def test_files_reading_ahead_at_once_share_the_depth(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Four files read in turn, block by block, each allowed 8 blocks ahead, through a RAM
+    tier of 16 blocks: at their own depth, 32 blocks ahead evicted blocks before they were
+    read, and they were fetched again (4 readers of 256 MiB at the defaults: 1.4-1.75x
+    the bytes from GCS). Sharing the depth, every byte is fetched once."""
+    memory = MemoryBucket()
+    bucket = LoggedReads(memory)
     async with trio.open_nursery() as nursery:
-        readers = {
-            name: BlockReader(
-                blocks,
-                name,
-                infos[name].generation,
-                size,
-                spawn=Background(nursery).spawn,
-                max_ahead_bytes=8 * BLOCK,
-            )
-            for name in files
-        }
-        for offset in range(0, size, BLOCK):
+        names = [f"f{i}" for i in range(4)]
+        files, _, blocks, readers = sharing(bucket, memory, names, nursery)
+        for offset in range(0, SHARED_SIZE, BLOCK):
             for name, reader in readers.items():
                 got = await reader.read(offset, BLOCK)
                 assert bytes(got) == files[name][offset : offset + BLOCK]
             await trio.sleep(0.05)  # (the readers are slower than the link)
         for reader in readers.values():
             reader.close()
-    assert blocks.gcs_bytes == 4 * size
+    assert blocks.gcs_bytes == 4 * SHARED_SIZE
     assert len(blocks.reading_ahead) == 0
 
 
@@ -251,23 +270,8 @@ async def test_a_file_left_open_leaves_its_share_of_the_depth(
     takes no share of the read-ahead depth once it has not read for `AHEAD_IDLE_S`: the
     file still reading goes as far ahead as it would alone."""
     memory = MemoryBucket()
-    size = 24 * BLOCK
-    files = {name: os.urandom(size) for name in ("idle", "busy")}
-    infos = {name: memory.put(name, data) for name, data in files.items()}
-    ram = RamTier(16 * BLOCK)
-    blocks = Blocks(memory, [ram], block_size=BLOCK, downloads=trio.CapacityLimiter(16), memory=ram)
     async with trio.open_nursery() as nursery:
-        readers = {
-            name: BlockReader(
-                blocks,
-                name,
-                infos[name].generation,
-                size,
-                spawn=Background(nursery).spawn,
-                max_ahead_bytes=8 * BLOCK,
-            )
-            for name in files
-        }
+        files, ram, blocks, readers = sharing(memory, memory, ["idle", "busy"], nursery)
         for offset in range(0, 2 * BLOCK, BLOCK):  # both read, then one stops
             for name, reader in readers.items():
                 assert (
@@ -279,9 +283,7 @@ async def test_a_file_left_open_leaves_its_share_of_the_depth(
             assert bytes(await busy.read(offset, BLOCK)) == files["busy"][offset : offset + BLOCK]
             await trio.sleep(0.05)
         await trio.testing.wait_all_tasks_blocked()
-        generation = infos["busy"].generation
-        ahead = [i for i in range(24) if ram.holds(BlockKey("busy", generation, i))]
-        assert max(ahead) == 11 + 8  # the whole depth past its last block, not half of it
+        assert furthest_ahead(ram, busy) == 11 + 8  # the whole depth, not half of it
         for reader in readers.values():
             reader.close()
     assert len(blocks.reading_ahead) == 0
@@ -319,10 +321,6 @@ async def test_a_file_waiting_long_for_its_block_keeps_its_share(
     """A file whose read waits longer than `AHEAD_IDLE_S` for its block (a slow link) is
     still reading, also when another read of it (the kernel sends several at once) was
     answered meanwhile: the other file keeps to half the depth."""
-    memory = MemoryBucket()
-    size = 24 * BLOCK
-    files = {name: os.urandom(size) for name in ("slow", "busy")}
-    infos = {name: memory.put(name, data) for name, data in files.items()}
 
     class SlowFor(LoggedReads):
         async def read(self, name: str, **kwargs: object) -> bytes | memoryview:  # type: ignore[override]
@@ -330,27 +328,9 @@ async def test_a_file_waiting_long_for_its_block_keeps_its_share(
                 await trio.sleep(10 * AHEAD_IDLE_S)
             return await self.bucket.read(name, **kwargs)  # type: ignore[arg-type]
 
-    ram = RamTier(16 * BLOCK)
-    blocks = Blocks(
-        SlowFor(memory),  # type: ignore[arg-type]
-        [ram],
-        block_size=BLOCK,
-        downloads=trio.CapacityLimiter(16),
-        memory=ram,
-    )
+    memory = MemoryBucket()
     async with trio.open_nursery() as nursery:
-        readers = {
-            name: BlockReader(
-                blocks,
-                name,
-                infos[name].generation,
-                size,
-                spawn=Background(nursery).spawn,
-                max_ahead_bytes=8 * BLOCK,
-            )
-            for name in files
-        }
-
+        files, ram, _, readers = sharing(SlowFor(memory), memory, ["slow", "busy"], nursery)
         slow = readers["slow"]
 
         async def slow_read(offset: int) -> None:
@@ -370,9 +350,7 @@ async def test_a_file_waiting_long_for_its_block_keeps_its_share(
         for offset in range(0, 12 * BLOCK, BLOCK):
             assert bytes(await busy.read(offset, BLOCK)) == files["busy"][offset : offset + BLOCK]
         await trio.testing.wait_all_tasks_blocked()
-        generation = infos["busy"].generation
-        ahead = [i for i in range(24) if ram.holds(BlockKey("busy", generation, i))]
-        assert max(ahead) == 11 + 4  # half the depth: the slow file is still reading
+        assert furthest_ahead(ram, busy) == 11 + 4  # half: the slow file is still reading
         await trio.sleep(20 * AHEAD_IDLE_S)
         for reader in readers.values():
             reader.close()
