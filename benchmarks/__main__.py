@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=",".join(WORKLOADS))
     parser.add_argument("--delay-ms", type=float, default=20.0, help="shaped: delay per request")
     parser.add_argument("--rate-mbs", type=float, default=200.0, help="shaped: MB/s per connection")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="measure each cell N times, medians reported (default: each workload's own)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--stem", default=None, help="file name stem (default bench-quick/full)")
     parser.add_argument(
@@ -77,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     profiles = _names(args.profiles, PROFILES, "profile")
     systems = _names(args.systems, SYSTEMS, "system")
     workloads = _names(args.workloads, WORKLOADS, "workload")
+    if args.rounds is not None and args.rounds < 1:
+        raise SystemExit(f"--rounds must be 1 or more, not {args.rounds}")
     sizes = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
 
@@ -96,7 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env.open()
         assert env.proxy is not None
-        runner = Runner(env, profiles=profiles, systems=systems, workloads=workloads, log=log)
+        runner = Runner(
+            env,
+            profiles=profiles,
+            systems=systems,
+            workloads=workloads,
+            log=log,
+            rounds=args.rounds,
+        )
         records = runner.run()
     except KeyboardInterrupt:
         print("interrupted: cleaning up", file=sys.stderr)

@@ -175,6 +175,7 @@ class Workload:
     title: ClassVar[str] = ""
     metrics: ClassVar[tuple[Metric, ...]] = ()
     own_rss: ClassVar[bool] = False  # True: no generic "daemon peak RSS" row
+    rounds: ClassVar[int] = 1  # >1: each system measured that many times, the median kept
 
     def run(self, cell: Cell) -> None:
         raise NotImplementedError

@@ -21,7 +21,7 @@ from benchmarks.__main__ import _command
 from benchmarks.data import NotApplicable, WrongBytes, check_small, equal
 from benchmarks.env import Pids, mounts_below
 from benchmarks.reads import SeqRead
-from benchmarks.runner import Runner, cell_order
+from benchmarks.runner import Record, Runner, cell_order, fold_rounds
 from benchmarks.saves import commit
 from benchmarks.systems import System
 from benchmarks.tierfs_systems import Tierfs
@@ -55,7 +55,12 @@ def test_each_profile_measures_a_workload_in_the_other_order() -> None:
     env: Any = SimpleNamespace(restart_emulator=lambda: None, emulator_needs_restart=lambda: None)
     systems = ["tierfs", "rclone", "gcs-direct"]
     runner = Runner(
-        env, profiles=["plain", "shaped"], systems=systems, workloads=["read", "rand"], log=print
+        env,
+        profiles=["plain", "shaped"],
+        systems=systems,
+        workloads=["read", "rand"],
+        log=print,
+        rounds=1,
     )
     order: dict[tuple[str, str], list[str]] = {}
     runner._cell = lambda profile, workload, system: order.setdefault(  # type: ignore[method-assign]
@@ -65,6 +70,48 @@ def test_each_profile_measures_a_workload_in_the_other_order() -> None:
     for workload in ("read", "rand"):
         assert order[("shaped", workload)] == order[("plain", workload)][::-1], order
     assert order[("plain", "read")] == order[("plain", "rand")][::-1]
+
+
+def test_a_noisy_workload_is_measured_in_rounds_and_reported_as_medians() -> None:
+    """Random reads' single numbers swung 2x between runs of the same code: each system is
+    measured once a round, in turn first and last, and the table shows each metric's
+    median (a peak RSS its highest), the rounds' values in the note."""
+    env: Any = SimpleNamespace(restart_emulator=lambda: None, emulator_needs_restart=lambda: None)
+    runner = Runner(env, profiles=["plain"], systems=["tierfs", "rclone"], workloads=["rand"])
+    order: list[str] = []
+    values = {"tierfs": iter([9.0, 30.0, 10.0]), "rclone": iter([20.0, 5.0, 21.0])}
+
+    def cell(profile: str, workload: type[Workload], system: type[System]) -> None:
+        order.append(system.name)
+        value = next(values[system.name])
+        for key in ("rand.4k", "rss.rand"):
+            runner.records.append(
+                Record(profile, system.name, workload.name, key, value, "x", "ok", f"v{value:g}")
+            )
+
+    runner._cell = cell  # type: ignore[method-assign]
+    records = runner.run()
+    assert order == ["tierfs", "rclone", "rclone", "tierfs", "tierfs", "rclone"]
+    got = {(r.system, r.metric): r for r in records}
+    assert len(records) == 4
+    assert got[("tierfs", "rand.4k")].value == 10.0
+    assert got[("rclone", "rand.4k")].value == 20.0
+    assert got[("tierfs", "rss.rand")].value == 30.0  # a peak is the highest round's
+    assert got[("tierfs", "rand.4k")].note == "median of 3 rounds (9 / 30 / 10); v10"
+    once = Runner(env, profiles=["plain"], systems=["tierfs"], workloads=["rand"], rounds=1)
+    once._cell = lambda profile, workload, system: order.append("once")  # type: ignore[method-assign]
+    once.run()
+    assert order.count("once") == 1  # --rounds overrides the workload's own
+
+
+def test_a_round_that_failed_is_reported_not_hidden_by_the_median() -> None:
+    def record(status: str, value: float | None, note: str = "") -> Record:
+        return Record("plain", "tierfs", "rand", "rand.4k", value, "IOPS", status, note)
+
+    folded = fold_rounds([record("ok", 5.0), record("error", None, "Boom"), record("ok", 6.0)])
+    assert [(r.status, r.value, r.note) for r in folded] == [("error", None, "round 2 of 3: Boom")]
+    hang_and_error = [record("error", None, "e"), record("hang", None, "h"), record("ok", 1.0)]
+    assert fold_rounds(hang_and_error)[0].status == "hang"
 
 
 @pytest.mark.parametrize("fails", [False, True])
