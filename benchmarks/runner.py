@@ -309,7 +309,7 @@ def fold_rounds(records: list[Record]) -> list[Record]:
         peak = metric.startswith("rss.")
         value = max(values) if peak else statistics.median(values)
         nearest = min(group, key=lambda r: abs((r.value or 0.0) - value))
-        shown = " / ".join(f"{v:,.4g}" for v in values)
+        shown = " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values)
         how = "highest" if peak else "median"
         note = "; ".join(x for x in (f"{how} of {len(group)} rounds ({shown})", nearest.note) if x)
         folded.append(dataclasses.replace(nearest, value=value, note=note))
