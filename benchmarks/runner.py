@@ -36,7 +36,7 @@ import statistics
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from benchmarks.catalog import SYSTEMS, WORKLOADS
@@ -110,6 +110,14 @@ class Runner:
                 rounds = self.rounds or workload.rounds
                 first = len(self.records)
                 for round_ in range(rounds):
+                    if round_ > 0 and self._network():  # (a round may leave it as a workload)
+                        why = self.env.emulator_needs_restart()
+                        if why is not None:
+                            self.log(
+                                f"[{profile}] {workload_name}, round {round_ + 1}:"
+                                f" restarting the emulator ({why})"
+                            )
+                            self.env.restart_emulator()
                     for system_name in cell_order(self.systems, turn + index + round_):
                         system_cls = SYSTEMS[system_name]
                         if system_cls.only and workload_name not in system_cls.only:
@@ -120,7 +128,8 @@ class Runner:
                             continue
                         self._cell(profile, workload, system_cls)
                 if rounds > 1:
-                    self.records[first:] = fold_rounds(self.records[first:])
+                    peaks = {m.key for m in self.metrics(workload) if m.peak}
+                    self.records[first:] = fold_rounds(self.records[first:], peaks)
         return self.records
 
     def _network(self) -> bool:
@@ -281,12 +290,13 @@ class Runner:
 _WORST = ("FAIL", "hang", "error", "n/a")  # a round that did not measure outranks those that did
 
 
-def fold_rounds(records: list[Record]) -> list[Record]:
+def fold_rounds(records: list[Record], peaks: Collection[str] = ()) -> list[Record]:
     """One record per (profile, system, workload, metric) out of the rounds' records, in
-    the order first seen: the median of the measured values, or a peak RSS's highest; a
-    round that failed, hung or erred is what the metric reports, with the round named
-    (a median must not hide a failure). Records already copied from another profile
-    (systems without network) are kept as they are."""
+    the order first seen: the median of the measured values, or the highest of a peak's
+    (``peaks``: metric keys). A round that failed, hung or erred while others measured is
+    what the metric reports, with the round named (a median must not hide a failure); a
+    metric no round measured, each for the same reason (a system without a daemon has
+    no RSS), keeps that reason as it is."""
     groups: dict[tuple[str, str, str, str], list[Record]] = {}
     for record in records:
         groups.setdefault(
@@ -294,19 +304,19 @@ def fold_rounds(records: list[Record]) -> list[Record]:
         ).append(record)
     folded: list[Record] = []
     for (_, _, _, metric), group in groups.items():
-        if len(group) == 1:
+        bad = [(i, r) for i, r in enumerate(group, 1) if r.status != "ok" or r.value is None]
+        if len(group) == 1 or (
+            len(bad) == len(group) and len({(r.status, r.note) for _, r in bad}) == 1
+        ):
             folded.append(group[0])
             continue
-        bad = [(i, r) for i, r in enumerate(group, 1) if r.status != "ok" or r.value is None]
         if bad:
-            i, worst = min(
-                bad, key=lambda ir: _WORST.index(ir[1].status) if ir[1].status in _WORST else 0
-            )
+            i, worst = min(bad, key=lambda ir: _rank(ir[1].status))
             note = f"round {i} of {len(group)}: {worst.note}"
             folded.append(dataclasses.replace(worst, note=note))
             continue
         values = [r.value for r in group if r.value is not None]
-        peak = metric.startswith("rss.")
+        peak = metric in peaks
         value = max(values) if peak else statistics.median(values)
         nearest = min(group, key=lambda r: abs((r.value or 0.0) - value))
         shown = " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values)
@@ -314,3 +324,7 @@ def fold_rounds(records: list[Record]) -> list[Record]:
         note = "; ".join(x for x in (f"{how} of {len(group)} rounds ({shown})", nearest.note) if x)
         folded.append(dataclasses.replace(nearest, value=value, note=note))
     return folded
+
+
+def _rank(status: str) -> int:
+    return _WORST.index(status) if status in _WORST else len(_WORST)

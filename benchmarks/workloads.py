@@ -47,6 +47,7 @@ class Metric:
     higher_is_better: bool = True
     limit: str | None = "gcs"  # "gcs", "local" or None (no ratio against a limit)
     optional: bool = False  # measured only for some systems: absent shows "-", not an error
+    peak: bool = False  # a peak (RSS): over rounds the highest counts, not the median
 
 
 @dataclass
@@ -59,7 +60,13 @@ class Measurement:
 def save_rss(name: str, what: str) -> Metric:
     """The row of `Cell.record_save_rss`: a save's own peak RSS (daemons only)."""
     return Metric(
-        f"{name}.save_rss", f"{what}: daemon peak RSS until durable", "MiB", False, None, True
+        f"{name}.save_rss",
+        f"{what}: daemon peak RSS until durable",
+        "MiB",
+        False,
+        None,
+        optional=True,
+        peak=True,
     )
 
 
@@ -181,4 +188,4 @@ class Workload:
         raise NotImplementedError
 
 
-RSS = Metric("rss", "daemon peak RSS (VmHWM)", "MiB", higher_is_better=False, limit=None)
+RSS = Metric("rss", "daemon peak RSS (VmHWM)", "MiB", higher_is_better=False, limit=None, peak=True)

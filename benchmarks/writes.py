@@ -187,7 +187,15 @@ class BigWrite(Workload):
     metrics = (
         Metric("bigwrite.close", "big file: until close() returns", "s", False, limit=None),
         Metric("bigwrite.durable", "big file: until durable in GCS", "s", False, limit=None),
-        Metric("bigwrite.rss", "big file: daemon peak RSS", "MiB", False, None, optional=True),
+        Metric(
+            "bigwrite.rss",
+            "big file: daemon peak RSS",
+            "MiB",
+            False,
+            None,
+            optional=True,
+            peak=True,
+        ),
     )
     own_rss = True  # its RSS rows say which phase they measure
 

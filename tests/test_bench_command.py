@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks import shared_restore
 from benchmarks.__main__ import _command
+from benchmarks.catalog import WORKLOADS
 from benchmarks.data import NotApplicable, WrongBytes, check_small, equal
 from benchmarks.env import Pids, mounts_below
 from benchmarks.reads import SeqRead
@@ -112,6 +113,44 @@ def test_a_round_that_failed_is_reported_not_hidden_by_the_median() -> None:
     assert [(r.status, r.value, r.note) for r in folded] == [("error", None, "round 2 of 3: Boom")]
     hang_and_error = [record("error", None, "e"), record("hang", None, "h"), record("ok", 1.0)]
     assert fold_rounds(hang_and_error)[0].status == "hang"
+    # Never measurable, for one reason in every round (no daemon, no rclone): said as it is.
+    never = [Record("plain", "gcs-direct", "rand", "rss.rand", None, "MiB", "n/a", "no daemon")]
+    assert fold_rounds(never * 3) == never
+
+
+def test_every_peak_metric_reports_its_highest_round() -> None:
+    """The big file's and the saves' own peak RSS rows are peaks too, not only the generic
+    one: a median of 300 / 100 / 200 MiB would say 200."""
+    peaks = {m.key for m in Runner.metrics(WORKLOADS["bigwrite"]) if m.peak}
+    peaks |= {m.key for m in Runner.metrics(WORKLOADS["ckpt"]) if m.peak}
+    assert {"bigwrite.rss", "ckpt.save_rss", "rss.ckpt"} <= peaks
+    rounds = [
+        Record("plain", "tierfs", "bigwrite", "bigwrite.rss", v, "MiB", "ok")
+        for v in (300, 100, 200)
+    ]
+    assert fold_rounds(rounds, peaks)[0].value == 300
+
+
+def test_the_emulator_is_restarted_between_rounds_when_it_needs_it() -> None:
+    """A save workload alone drove the emulator to 20 GB once: rounds of one are checked
+    between them as workloads are, not only before the first."""
+    asked: list[str] = []
+    restarts: list[int] = []
+
+    def needs_restart() -> str | None:
+        asked.append("?")
+        return "too big" if len(asked) == 2 else None
+
+    env: Any = SimpleNamespace(
+        restart_emulator=lambda: restarts.append(len(asked)), emulator_needs_restart=needs_restart
+    )
+    runner = Runner(
+        env, profiles=["plain"], systems=["tierfs"], workloads=["rand"], log=lambda line: None
+    )
+    runner._cell = lambda profile, workload, system: None  # type: ignore[method-assign]
+    runner.run()
+    assert len(asked) == 3  # before the workload, then before rounds 2 and 3
+    assert restarts == [2]
 
 
 @pytest.mark.parametrize("fails", [False, True])
