@@ -375,8 +375,8 @@ OPTIONS: tuple[Option, ...] = (
         _I,
         10,
         "Cut and retry an upload request that sends or receives nothing for this many "
-        "seconds (its answer, this many per 64 MiB of a one-request upload); 0: the HTTP "
-        "client timeout (60 s unless http-client-timeout is set).",
+        "seconds (its answer, this many per 64 MiB of a one-request upload, at most 120 s); "
+        "0: the HTTP client timeout (60 s unless http-client-timeout is set).",
         minimum=0,
         hidden=True,
     ),

@@ -32,7 +32,7 @@ from tierfs.cli.control import request, socket_path
 from tierfs.cli.emulator import Emulator
 from tierfs.errors import UploadedOtherBytes
 from tierfs.settings import retry as retry_settings
-from tierfs.storage import ObjectInfo, gcs_upload
+from tierfs.storage import ObjectInfo, gcs_body, gcs_upload
 from tierfs.storage.gcs import GcsBucket
 
 pytestmark = pytest.mark.mount
@@ -698,6 +698,19 @@ def test_a_create_gcs_refuses_leaves_no_file_behind(
     fault_proxy.faults.stop()
     assert mount.unmount().returncode == 0
     assert [b.name for b in gcs_client.list_blobs(bucket_name)] == []
+
+
+def test_a_one_request_uploads_answer_is_waited_for_by_size_within_a_ceiling() -> None:
+    """One stall bound per 64 MiB of body, as resumable chunks would each have, but never
+    more than two minutes: a 4 GiB file's lost answer held close() 640 s at the default,
+    and an hour with the chunk timeout off (its bound then the 60 s client timeout)."""
+    answer_timeout = gcs_body.answer_timeout
+    assert answer_timeout(10, 1) == (10, 10)
+    assert answer_timeout(10, 65 << 20) == (10, 20)
+    assert answer_timeout(10, 4 << 30) == (10, gcs_body.ANSWER_WAIT_MAX_S) == (10, 120)
+    assert answer_timeout(60, 4 << 30) == (60, 120)
+    assert answer_timeout(300, 4 << 30) == (300, 300)  # never below one stall bound
+    assert answer_timeout(0, 4 << 30) is None
 
 
 def test_a_slow_answer_to_a_big_one_request_upload_is_waited_for(

@@ -28,6 +28,7 @@ FUSE_ADAPTER = {"fuse/operations.py", "fuse/interrupts.py", "fuse/kernel.py", "m
 GOOGLE = {  # GcsBucket and its parts, and the emulator helper
     "storage/gcs.py",
     "storage/gcs_auth.py",
+    "storage/gcs_body.py",
     "storage/gcs_errors.py",
     "storage/gcs_read.py",
     "storage/gcs_resource.py",

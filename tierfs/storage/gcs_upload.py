@@ -35,6 +35,13 @@ from tierfs.errors import (
     UploadedOtherBytes,
 )
 from tierfs.storage import ObjectInfo, check_name
+from tierfs.storage.gcs_body import (
+    UPLOAD_CHUNK_BYTES,
+    FileChanged,
+    _file_crc,
+    _FileBody,
+    answer_timeout,
+)
 from tierfs.storage.gcs_resource import _info, upload_blob
 from tierfs.storage.retry import (
     _BoundedRetry,
@@ -47,7 +54,6 @@ if TYPE_CHECKING:  # a part of GcsBucket, sharing its state
 else:
     _Base = object
 
-UPLOAD_CHUNK_BYTES = 64 * 1024 * 1024
 # Files up to this size are uploaded in one request, retried as one request: a failed
 # request re-sends at most one chunk's worth, as a resumable upload's chunk would, and
 # one request saves the session's set-up (docs/uploads.md).
@@ -56,7 +62,6 @@ SINGLE_REQUEST_BYTES = UPLOAD_CHUNK_BYTES
 # round trips); if that attempt fails with an error worth retrying, the upload goes on
 # as a resumable one, so a broken link costs one attempt's bytes, then at most a chunk.
 ONE_ATTEMPT_BYTES = 4 * 1024 * 1024 * 1024
-_CRC_BLOCK = 8 * 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 
@@ -146,60 +151,6 @@ def _generation_of(response: Any) -> int:
         return int(response.json().get("generation", 0))
     except Exception:  # (no JSON body, or none at all)
         return 0
-
-
-def _file_crc(fd: int, size: int) -> str:
-    """The base64 crc32c of the first ``size`` bytes of ``fd``, as GCS states it."""
-    checksum = google_crc32c.Checksum()
-    for offset in range(0, size, _CRC_BLOCK):
-        checksum.update(os.pread(fd, min(_CRC_BLOCK, size - offset), offset))
-    return base64.b64encode(checksum.digest()).decode("ascii")
-
-
-class FileChanged(ValueError):
-    """The file being sent ended before its size when it was taken (truncated meanwhile):
-    the request fails, not hangs; the upload tries again with what the file holds then."""
-
-
-class _FileBody:
-    """A request body of ``head``, ``size`` bytes of ``fd`` from offset 0, and ``tail``,
-    read as http.client sends it (it asks ``len`` for the Content-Length): a 64 MiB
-    upload costs no 64 MiB of memory. The file's bytes are summed as they go (`sent`):
-    a file written while it is sent goes out other than its declared crc32c, which GCS
-    refuses and the emulator stores; if that answer is lost, the sum tells the object
-    for ours."""
-
-    def __init__(self, head: bytes, fd: int, size: int, tail: bytes) -> None:
-        self._parts = [head, b"", tail]
-        self._fd, self._size, self._offset = fd, size, 0
-        self._left = len(head) + size + len(tail)
-        self._checksum = google_crc32c.Checksum()
-
-    @property
-    def sent(self) -> tuple[str, int] | None:
-        """(crc32c, size) of the file's bytes this body sent, once it sent all of them."""
-        if self._offset < self._size or self._parts[2]:
-            return None
-        return base64.b64encode(self._checksum.digest()).decode("ascii"), self._size
-
-    def __len__(self) -> int:
-        return self._left
-
-    def read(self, amount: int = -1) -> bytes:
-        if amount < 0:
-            amount = self._left
-        if self._parts[0]:
-            out, self._parts[0] = self._parts[0][:amount], self._parts[0][amount:]
-        elif self._offset < self._size:
-            out = os.pread(self._fd, min(amount, self._size - self._offset), self._offset)
-            if not out:  # shrank under us: fail the request rather than leave it hanging
-                raise FileChanged(f"file ended at {self._offset} of {self._size} bytes")
-            self._checksum.update(out)
-            self._offset += len(out)
-        else:
-            out, self._parts[2] = self._parts[2][:amount], self._parts[2][amount:]
-        self._left -= len(out)
-        return out
 
 
 class _Uploads(_Base):
@@ -373,8 +324,7 @@ class _Uploads(_Base):
         # O(size) (hashing, storing). Staged 1 GiB writes: its answer came after more than
         # 10 s, the upload went on in resumable chunks, whose answers took as long; the
         # session was lost and close() failed (ENOENT), 3 of 4 runs.
-        stall = self._upload_timeout_s
-        timeout = (stall, stall * max(1, -(-size // UPLOAD_CHUNK_BYTES))) if stall else None
+        timeout = answer_timeout(self._upload_timeout_s, size)
 
         bodies: builtins.list[_FileBody] = []
 
