@@ -319,11 +319,11 @@ class _Uploads(_Base):
         url = self._upload_url
         headers = {"Content-Type": f'multipart/related; boundary="{boundary}"'}
         # Sending, the stall bound as it is; the answer, one bound per chunk's worth of
-        # body (`UPLOAD_CHUNK_BYTES`), as a resumable upload's chunks would each have: the
-        # server answers once it has taken the whole body in, which the emulator does in
-        # O(size) (hashing, storing). Staged 1 GiB writes: its answer came after more than
-        # 10 s, the upload went on in resumable chunks, whose answers took as long; the
-        # session was lost and close() failed (ENOENT), 3 of 4 runs.
+        # body, at most 120 s (`answer_timeout`): the server answers once it has taken the
+        # whole body in, which the emulator does in O(size) (hashing, storing). Staged
+        # 1 GiB writes: its answer came after more than 10 s, the upload went on in
+        # resumable chunks, whose answers took as long; the session was lost and close()
+        # failed (ENOENT), 3 of 4 runs.
         timeout = answer_timeout(self._upload_timeout_s, size)
 
         bodies: builtins.list[_FileBody] = []
